@@ -1,0 +1,21 @@
+"""ringtrain: an ordinary single-device PyTorch script, trained on one device or many.
+
+    import ringtrain as rt
+    ring = rt.Ring(seed=0)
+    model, optimizer = ring.setup(model, optimizer)
+    train = ring.loader(train_set, batch_size=64, shuffle=True)
+    for epoch in ring.epochs(10):
+        for x, y in ring.progress(train):
+            loss = F.cross_entropy(model(x), y)
+            ring.backward(loss)
+            optimizer.step(); optimizer.zero_grad()
+        ring.save("ckpt.pt", model=model, optimizer=optimizer, epoch=epoch)
+"""
+
+from .errors import RingtrainError
+from .launch import launch
+from .ring import Ring
+
+__version__ = "0.1.0"
+
+__all__ = ["Ring", "RingtrainError", "launch", "__version__"]

@@ -1,0 +1,1 @@
+"""Benchmark harness pieces: the models and data the examples and benchmarks share."""

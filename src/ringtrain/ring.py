@@ -1,0 +1,403 @@
+"""``Ring``: the one object a training script holds.
+
+Data flows one way: the environment (who am I?) chooses and configures a
+strategy (how do I run?), which prepares the model, optimizer and loaders the
+user's loop then drives. The loop itself is the single-device loop: every method
+here is correct on one process (collectives are the identity) and on many.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import datetime
+import random
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import checkpoint, environments
+from .data import RingLoader, make_loader
+from .environments import Environment
+from .errors import RingtrainError
+from .progress import Progress
+from .strategies.base import Strategy
+from .strategies.ddp import DDP_OPTIONS, DDPStrategy
+from .strategies.single import SingleDevice
+
+STRATEGIES = ("auto", "single", "ddp")
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def _timeout(value: float | datetime.timedelta) -> datetime.timedelta:
+    if isinstance(value, datetime.timedelta):
+        return value
+    if not isinstance(value, (int, float)) or value <= 0:
+        raise RingtrainError(f"Ring got timeout={value!r}", "pass a positive number of seconds or a datetime.timedelta.")
+    return datetime.timedelta(seconds=float(value))
+
+
+def _explicit(env: Environment, world_size: int | None, rank: int | None) -> Environment:
+    """Apply ``Ring(world_size=..., rank=...)``; a launcher that says otherwise is an error."""
+    if world_size is None and rank is None:
+        return env
+    if env.is_distributed:
+        if world_size is not None and world_size != env.world_size:
+            raise RingtrainError(
+                f"Ring(world_size={world_size}) was asked for, but the launcher ({env.name}) started "
+                f"{env.world_size} processes",
+                "drop world_size= and let the launcher decide, or launch with a matching process count.",
+            )
+        if rank is not None and rank != env.rank:
+            raise RingtrainError(
+                f"Ring(rank={rank}) was asked for, but the launcher ({env.name}) says this is rank {env.rank}",
+                "drop rank= when a launcher starts the processes.",
+            )
+        return env
+    if world_size is None or rank is None:
+        raise RingtrainError(
+            "Ring got only one of world_size= and rank=",
+            "give both (with init_method='tcp://host:port' or 'file:///path'), or start with `ringtrain run`.",
+        )
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise RingtrainError(
+            f"Ring got rank={rank} for world_size={world_size}",
+            "rank must be in [0, world_size).",
+        )
+    # Processes started by hand are taken to share one node, local rank = rank.
+    return dataclasses.replace(
+        env, name="explicit", rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size
+    )
+
+
+def _make_strategy(name: str, env: Environment, device: str, backend, init_method, timeout) -> Strategy:
+    if name not in STRATEGIES:
+        raise RingtrainError(f"unknown strategy {name!r}", f"use one of {', '.join(STRATEGIES)}.")
+    if device not in ("auto", "cpu", "cuda"):
+        raise RingtrainError(f"Ring got device={device!r}", "use 'auto', 'cpu' or 'cuda'.")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RingtrainError("Ring(device='cuda') was asked for, but torch sees no CUDA device", "use device='auto'.")
+    if name == "auto":
+        name = "ddp" if env.is_distributed or init_method is not None else "single"
+    if name == "single":
+        if env.is_distributed:
+            raise RingtrainError(
+                f"strategy='single' was asked for, but the launcher ({env.name}) started {env.world_size} "
+                "processes: each would train its own copy on all the data",
+                "use strategy='auto' or 'ddp', or launch one process (python train.py).",
+            )
+        return SingleDevice(env, device=device)
+    return DDPStrategy(env, device=device, backend=backend, init_method=init_method, timeout=timeout)
+
+
+class Ring:
+    """Everything a training loop needs to run on one device or many, unchanged.
+
+    ``strategy``: ``"auto"`` (DDP when launched with more than one process, else
+    single), ``"single"`` or ``"ddp"``. ``seed`` seeds python/numpy/torch alike
+    on every rank. ``backend`` overrides the NCCL/Gloo choice; ``init_method``
+    (``env://``, ``tcp://host:port``, ``file:///path``) with ``world_size`` and
+    ``rank`` forms a group without a launcher. ``timeout`` (seconds) bounds
+    forming the group and every collective. ``device``: ``"auto"``, ``"cpu"``, ``"cuda"``.
+    """
+
+    def __init__(
+        self,
+        strategy: str = "auto",
+        *,
+        seed: int | None = None,
+        backend: str | None = None,
+        init_method: str | None = None,
+        world_size: int | None = None,
+        rank: int | None = None,
+        timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S,
+        device: str = "auto",
+    ):
+        env = _explicit(environments.detect(), world_size, rank)
+        self.env = env
+        self.strategy = _make_strategy(strategy, env, device, backend, init_method, _timeout(timeout))
+        self.strategy.setup_environment()
+        atexit.register(self.close)
+        self.seed = seed
+        if seed is not None:
+            seed_everything(seed)
+        self._loaders: list[RingLoader] = []
+        self._loader_resume: list[dict[str, Any]] = []
+        self._resume_epoch: int | None = None
+        self._epoch: int | None = None
+        self._last_loss: torch.Tensor | None = None
+
+    # --- who and where ---------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.strategy.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.strategy.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def node_rank(self) -> int:
+        return self.strategy.node_rank
+
+    @property
+    def device(self) -> torch.device:
+        return self.strategy.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_local_main(self) -> bool:
+        return self.local_rank == 0
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch ``ring.epochs`` is in, or None outside it."""
+        return self._epoch
+
+    def __repr__(self) -> str:
+        return f"Ring(strategy={self.strategy.name!r}, rank={self.rank}/{self.world_size}, device={self.device})"
+
+    # --- model, optimizer, data ------------------------------------------
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **wrap_kwargs: Any):
+        """Move ``model`` to the device, wrap it for the strategy; every rank starts from rank 0's weights.
+
+        ``wrap_kwargs`` go to DistributedDataParallel (find_unused_parameters,
+        gradient_as_bucket_view, static_graph, bucket_cap_mb, broadcast_buffers)
+        and are accepted, unused, on one process so the script stays the same.
+        Returns ``(model, optimizer)``, or ``model`` when no optimizer is given.
+        """
+        unknown = set(wrap_kwargs) - DDP_OPTIONS
+        if unknown:
+            raise RingtrainError(
+                f"ring.setup got unknown option(s) {sorted(unknown)}",
+                f"the options passed to DDP are {sorted(DDP_OPTIONS)}.",
+            )
+        if not isinstance(model, nn.Module):
+            raise RingtrainError(f"ring.setup got a {type(model).__name__}, not an nn.Module", "pass your model.")
+        if self.strategy.unwrap(model) is not model or isinstance(model, (nn.DataParallel,)):
+            raise RingtrainError(
+                f"ring.setup got a model already wrapped in {type(model).__name__}",
+                "pass the plain model: the ring wraps it for the strategy it runs.",
+            )
+        # Move before wrapping: DDP and DataParallel need the module on its device first.
+        model = model.to(self.device)
+        wrapped = self.strategy.wrap_module(model, **wrap_kwargs)
+        if self.seed is not None:
+            # Same weights everywhere came from the shared seed (and DDP's broadcast);
+            # from here on each rank draws its own random stream (dropout, augmentation).
+            seed_everything(self.seed + self.rank)
+        if optimizer is None:
+            return wrapped
+        self._move_optimizer_state(optimizer)
+        return wrapped, optimizer
+
+    def _move_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
+        for state in optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and key != "step":
+                    state[key] = value.to(self.device)
+
+    def loader(
+        self,
+        dataset,
+        batch_size: int,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        exact: bool = False,
+        **dataloader_kwargs: Any,
+    ) -> RingLoader:
+        """A DataLoader for this rank: ``batch_size`` samples per device per step.
+
+        Training loaders shard with DistributedSampler (seeded, reshuffled every
+        epoch); ``exact=True`` loaders give each sample to exactly one rank, in
+        contiguous blocks, so ``ring.all_gather`` of their outputs is in dataset order.
+        """
+        made = make_loader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            exact=exact,
+            rank=self.rank,
+            world_size=self.world_size,
+            seed=self.seed or 0,
+            device=self.device,
+            **dataloader_kwargs,
+        )
+        index = len(self._loaders)
+        self._loaders.append(made)
+        if index < len(self._loader_resume):
+            self._resume_loader(made, self._loader_resume[index])
+        return made
+
+    def epochs(self, n: int, start: int = 0) -> Iterator[int]:
+        """``range(start, n)``, setting the epoch on every loader of this ring; resumes after ``ring.load``."""
+        first = start if self._resume_epoch is None else max(start, self._resume_epoch)
+        self._resume_epoch = None
+        try:
+            for epoch in range(first, n):
+                self._epoch = epoch
+                for made in self._loaders:
+                    made.set_epoch(epoch)
+                yield epoch
+        finally:
+            self._epoch = None
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+        self._last_loss = loss.detach()
+
+    # --- collectives (identity on one process) ----------------------------
+    def all_reduce(self, x: Any, op: str = "mean") -> torch.Tensor:
+        return self.strategy.all_reduce(x, op)
+
+    def all_gather(self, x: Any) -> torch.Tensor:
+        return self.strategy.all_gather(x)
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        return self.strategy.gather_object(obj)
+
+    def broadcast(self, x: Any, src: int = 0) -> torch.Tensor:
+        return self.strategy.broadcast(x, src)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        return self.strategy.broadcast_object(obj, src)
+
+    def barrier(self) -> None:
+        self.strategy.barrier()
+
+    # --- output --------------------------------------------------------------
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the main process only."""
+        if self.is_main:
+            kwargs.setdefault("flush", True)
+            print(*args, **kwargs)
+
+    def progress(self, iterable: Iterable[Any], desc: str | None = None, total: int | None = None) -> Progress:
+        """A progress bar (loss, samples/s) on the main process; a pass-through elsewhere."""
+        return Progress(
+            iterable,
+            enabled=self.is_main,
+            world_size=self.world_size,
+            last_loss=lambda: self._last_loss,
+            desc=desc,
+            total=total,
+        )
+
+    # --- checkpoints ----------------------------------------------------------
+    def save(self, path: str, **state: Any) -> None:
+        """Write ``state`` to ``path`` from the main process, atomically; every rank returns when it is on disk.
+
+        Modules are saved unwrapped (no ``module.`` prefix); anything with
+        ``state_dict()`` is saved as its state dict; other values as they are.
+        Every rank's RNG state and the loaders' positions go in too, for ``load``.
+        """
+        if checkpoint.META_KEY in state:
+            raise RingtrainError(f"ring.save got the reserved key {checkpoint.META_KEY!r}", "rename that entry.")
+        rng = self.strategy.gather_object(checkpoint.capture_rng())
+        failure: str | None = None
+        if self.is_main:
+            payload = {
+                name: checkpoint.state_of(self.strategy.unwrap(v) if isinstance(v, nn.Module) else v)
+                for name, v in state.items()
+            }
+            payload[checkpoint.META_KEY] = {
+                "format": checkpoint.FORMAT,
+                "world_size": self.world_size,
+                "rng": rng,
+                "loaders": [made.state() for made in self._loaders],
+                "epoch": self._epoch,
+            }
+            try:
+                checkpoint.atomic_save(payload, path)
+            except RingtrainError as e:
+                failure = str(e)
+            except Exception as e:  # disk full, permissions, unpicklable extra...
+                failure = f"saving {path!r} failed: {type(e).__name__}: {e}\nHINT: check the folder's space and permissions."
+        # Every rank learns the outcome, so a failed save raises everywhere instead of hanging peers.
+        failure = self.strategy.broadcast_object(failure)
+        if failure is not None:
+            message, _, hint = failure.partition("\nHINT: ")
+            raise RingtrainError(f"rank 0: {message}", hint or "see the message above.")
+
+    def load(self, path: str, **targets: Any) -> dict[str, Any]:
+        """Load ``path`` (on every rank, onto ``ring.device``) into ``targets``; return the other entries.
+
+        Accepts ring.save checkpoints and plain PyTorch ones, with or without
+        ``module.`` prefixes; a bare state dict loads into the one module given.
+        After loading a ring checkpoint, ``ring.epochs`` and the loaders continue
+        where the saved run was (mid-epoch included).
+        """
+        ckpt = checkpoint.read(path, self.device)
+        modules = [name for name, t in targets.items() if isinstance(t, nn.Module)]
+        if checkpoint.META_KEY not in ckpt and checkpoint.is_plain_state_dict(ckpt) and len(modules) == 1:
+            ckpt = {modules[0]: ckpt}
+        for name, target in targets.items():
+            if name not in ckpt:
+                raise RingtrainError(
+                    f"the checkpoint {path!r} has no entry {name!r}; it has {sorted(k for k in ckpt if k != checkpoint.META_KEY)}",
+                    "use the keyword the checkpoint was saved with, e.g. ring.load(path, model=model).",
+                )
+            if isinstance(target, nn.Module):
+                checkpoint.load_model_state(self.strategy.unwrap(target), ckpt[name], path)
+            elif hasattr(target, "load_state_dict"):
+                target.load_state_dict(ckpt[name])
+                if isinstance(target, torch.optim.Optimizer):
+                    self._move_optimizer_state(target)
+            else:
+                raise RingtrainError(
+                    f"ring.load got {name}={type(target).__name__}, which has no load_state_dict",
+                    "pass only objects to load into; plain values come back in the returned dict.",
+                )
+        meta = ckpt.get(checkpoint.META_KEY)
+        if isinstance(meta, dict):
+            self._restore_meta(meta)
+        return {k: v for k, v in ckpt.items() if k not in targets and k != checkpoint.META_KEY}
+
+    def _restore_meta(self, meta: dict[str, Any]) -> None:
+        # RNG streams are per rank: restored only when the world has the same size.
+        if meta.get("world_size") == self.world_size and meta.get("rng"):
+            checkpoint.restore_rng(meta["rng"][self.rank])
+        self._loader_resume = list(meta.get("loaders") or [])
+        for made, saved in zip(self._loaders, self._loader_resume):
+            self._resume_loader(made, saved)
+        training = [s for s in self._loader_resume if not s.get("exact")]
+        nexts = [s["epoch"] + 1 if s["finished"] else s["epoch"] for s in training]
+        saved_epoch = meta.get("epoch")
+        if nexts:
+            self._resume_epoch = min(nexts)
+        elif saved_epoch is not None:
+            self._resume_epoch = saved_epoch + 1
+
+    @staticmethod
+    def _resume_loader(made: RingLoader, saved: dict[str, Any]) -> None:
+        if saved["finished"]:
+            made.resume(saved["epoch"] + 1, 0)
+        else:
+            made.resume(saved["epoch"], saved["batches"])
+
+    # --- lifetime -------------------------------------------------------------
+    def close(self) -> None:
+        """Leave the process group (also done at exit)."""
+        self.strategy.teardown()
+
+    def __enter__(self) -> "Ring":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

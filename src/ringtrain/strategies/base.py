@@ -1,0 +1,95 @@
+"""The small contract every way of running implements.
+
+Only what differs between strategies is abstract: which device, how the module
+is wrapped, and whether collectives talk to other processes. Everything else has
+a working default here. Optional abilities are mixins that code asks for with
+``isinstance`` (DESIGN.md, principle 2) — never ``strategy.name == "ddp"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from typing import Any, ContextManager
+
+import torch
+from torch import nn
+
+from .. import collectives
+from ..environments import Environment
+
+
+class Strategy(ABC):
+    """How one process of the job runs: device, wrapping, communication."""
+
+    name: str = "base"
+
+    def __init__(self, env: Environment):
+        self.env = env
+
+    # --- who and where -------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.env.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def node_rank(self) -> int:
+        return self.env.node_rank
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device: ...
+
+    @property
+    def devices_per_process(self) -> int:
+        """How many devices one process drives (DataParallel drives several)."""
+        return 1
+
+    def setup_environment(self) -> None:
+        """Claim the device and join the process group (nothing to do on one process)."""
+
+    def teardown(self) -> None:
+        """Leave the process group; safe to call twice."""
+
+    # --- model and optimizer --------------------------------------------
+    @abstractmethod
+    def wrap_module(self, module: nn.Module, **wrap_kwargs: Any) -> nn.Module:
+        """Return ``module`` (already on ``self.device``) ready for training."""
+
+    def unwrap(self, module: nn.Module) -> nn.Module:
+        """The user's module inside any wrapper this strategy added."""
+        return module
+
+    # --- communication: identity on one process (collectives.py) ----------
+    def all_reduce(self, x: Any, op: str = "mean") -> torch.Tensor:
+        return collectives.all_reduce(x, op)
+
+    def all_gather(self, x: Any) -> torch.Tensor:
+        return collectives.all_gather(x)
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        return collectives.gather_object(obj)
+
+    def broadcast(self, x: Any, src: int = 0) -> torch.Tensor:
+        return collectives.broadcast(x, src)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        return collectives.broadcast_object(obj, src)
+
+    def barrier(self) -> None:
+        collectives.barrier()
+
+
+class BackwardSyncControl:
+    """Mixin: the strategy can skip gradient synchronisation for a backward pass."""
+
+    def no_sync(self, module: nn.Module) -> ContextManager:
+        return contextlib.nullcontext()

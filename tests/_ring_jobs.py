@@ -1,0 +1,160 @@
+"""Functions run inside real multi-process jobs by the tests (importable by spawned children)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import ringtrain as rt
+
+
+def regression_data(n: int = 96, seed: int = 1) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 10, generator=g)
+    return TensorDataset(x, torch.randint(0, 3, (n,), generator=g))
+
+
+def small_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def flat_params(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().cpu().flatten() for p in model.parameters()])
+
+
+def train(
+    batch_size: int,
+    epochs: int = 2,
+    *,
+    init_method: str | None = None,
+    world_size: int | None = None,
+    rank: int | None = None,
+    save: str | None = None,
+    save_after_batches: int | None = None,
+    load: str | None = None,
+) -> torch.Tensor:
+    """SGD with momentum on a small MLP; returns the final parameters.
+
+    ``save_after_batches``: stop the run after that many batches of the last
+    epoch, saving a checkpoint first (a run interrupted mid-epoch).
+    """
+    ring = rt.Ring(seed=0, init_method=init_method, world_size=world_size, rank=rank)
+    model = small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, optimizer = ring.setup(model, optimizer)
+    loader = ring.loader(regression_data(), batch_size=batch_size, shuffle=True)
+    if load:
+        ring.load(load, model=model, optimizer=optimizer)
+    for epoch in ring.epochs(epochs):
+        for i, (x, y) in enumerate(loader):
+            loss = F.cross_entropy(model(x), y)
+            ring.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            if save_after_batches is not None and epoch == epochs - 1 and i + 1 == save_after_batches:
+                ring.save(save, model=model, optimizer=optimizer)
+                ring.close()
+                return flat_params(model)
+        if save and save_after_batches is None:
+            ring.save(save, model=model, optimizer=optimizer, epoch=epoch)
+    ring.close()
+    return flat_params(model)
+
+
+def collectives() -> dict:
+    ring = rt.Ring()
+    r = ring.rank
+    out = {
+        "sum": ring.all_reduce(torch.tensor([r + 1.0, 2.0]), op="sum"),
+        "mean": ring.all_reduce(torch.tensor(float(r)), op="mean"),
+        "mean_int": ring.all_reduce(torch.tensor(r + 1), op="mean"),
+        "max": ring.all_reduce(torch.tensor([r, -r]), op="max"),
+        "min": ring.all_reduce(torch.tensor([r, -r]), op="min"),
+        # rank r contributes r+1 rows of value r: uneven first dimensions
+        "gather": ring.all_gather(torch.full((r + 1, 2), float(r))),
+        "gather_scalar": ring.all_gather(torch.tensor(r * 10)),
+        "objects": ring.gather_object({"rank": r, "name": f"r{r}"}),
+        "broadcast": ring.broadcast(torch.tensor([float(r) + 5.0]), src=1),
+        "broadcast_object": ring.broadcast_object(f"from {r}", src=0),
+    }
+    ring.barrier()
+    ring.close()
+    return out
+
+
+def shards(n: int, shuffle: bool, exact: bool, epochs: int, use_ring_epochs: bool = True, batch_size: int = 4):
+    """Indices each rank saw per epoch, from a dataset whose samples are their own indices."""
+    ring = rt.Ring(seed=3)
+    loader = ring.loader(TensorDataset(torch.arange(n)), batch_size=batch_size, shuffle=shuffle, exact=exact)
+    seen = []
+    if use_ring_epochs:
+        for _ in ring.epochs(epochs):
+            seen.append(torch.cat([x for (x,) in loader]).tolist())
+    else:
+        for _ in range(epochs):
+            seen.append(torch.cat([x for (x,) in loader]).tolist())
+    ring.close()
+    return seen
+
+
+def exact_eval(n: int) -> list:
+    """Per-sample outputs of an exact loader, gathered back: should be dataset order, no duplicates."""
+    ring = rt.Ring()
+    loader = ring.loader(TensorDataset(torch.arange(n)), batch_size=3, exact=True)
+    outputs = torch.cat([x * 2 for (x,) in loader]) if len(loader) else torch.empty(0, dtype=torch.long)
+    gathered = ring.all_gather(outputs)
+    ring.close()
+    return gathered.tolist()
+
+
+def ring_error(**kwargs) -> str:
+    """Build a Ring with ``kwargs`` and return the error message it raises ('' if none)."""
+    try:
+        rt.Ring(**kwargs).close()
+    except rt.RingtrainError as e:
+        return str(e)
+    return ""
+
+
+def loader_error(n: int, batch_size: int) -> str:
+    ring = rt.Ring()
+    try:
+        ring.loader(TensorDataset(torch.arange(n)), batch_size=batch_size)
+    except rt.RingtrainError as e:
+        return str(e)
+    finally:
+        ring.close()
+    return ""
+
+
+def save_failure(path: str) -> str:
+    """ring.save to an impossible path: every rank must raise, none may hang."""
+    ring = rt.Ring()
+    model = ring.setup(small_model())
+    try:
+        ring.save(path, model=model)
+    except rt.RingtrainError as e:
+        return str(e)
+    finally:
+        ring.close()
+    return ""
+
+
+def print_and_progress(n: int) -> int:
+    ring = rt.Ring()
+    ring.print(f"hello from rank {ring.rank}")
+    loader = ring.loader(TensorDataset(torch.arange(n).float()), batch_size=2)
+    count = sum(1 for _ in ring.progress(loader, desc="p"))
+    ring.close()
+    return count
+
+
+def ddp_options() -> tuple:
+    ring = rt.Ring()
+    model = ring.setup(small_model(), find_unused_parameters=True, gradient_as_bucket_view=True)
+    out = (model.find_unused_parameters, model.gradient_as_bucket_view)
+    ring.close()
+    return out

@@ -1,0 +1,27 @@
+"""Shared test plumbing: multi-process jobs run through ringtrain's own launcher.
+
+Job functions live in ``_ring_jobs.py`` so spawned children can import them
+(multiprocessing passes sys.path, which holds this folder, to its children).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import ringtrain  # noqa: E402
+
+
+@pytest.fixture
+def run_ranks():
+    """``run_ranks(fn, *args, nprocs=2, **kwargs)`` -> each rank's return value, in rank order."""
+
+    def run(fn, *args, nprocs: int = 2, timeout: float = 120, **kwargs):
+        return ringtrain.launch(functools.partial(fn, **kwargs) if kwargs else fn, nprocs, args=args, timeout=timeout)
+
+    return run

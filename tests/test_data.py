@@ -1,0 +1,127 @@
+"""Loaders: sharding rules, exact evaluation, epochs, samplers and bad input."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler, TensorDataset, WeightedRandomSampler
+
+import _ring_jobs as jobs
+import ringtrain as rt
+from ringtrain.data import ExactSampler, ShardedSampler, make_loader, move_to_device
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_training_shards_follow_distributed_sampler_padding(run_ranks):
+    n = 21  # not divisible by 2: one index is repeated as padding, like DistributedSampler
+    r0, r1 = run_ranks(jobs.shards, n, True, False, 3)
+    for epoch in range(3):
+        a, b = r0[epoch], r1[epoch]
+        assert len(a) == len(b) == math.ceil(n / 2)
+        counts = Counter(a + b)
+        assert set(counts) == set(range(n))
+        assert sum(counts.values()) == 2 * math.ceil(n / 2)
+        # exactly DistributedSampler's shards for this epoch and seed
+        for rank, got in enumerate((a, b)):
+            ref = DistributedSampler(range(n), num_replicas=2, rank=rank, shuffle=True, seed=3)
+            ref.set_epoch(epoch)
+            assert got == list(ref)
+    assert r0[0] != r0[1] != r0[2], "order must change between epochs"
+
+
+def test_exact_shards_cover_dataset_once(run_ranks):
+    n = 21
+    r0, r1 = run_ranks(jobs.shards, n, False, True, 2)
+    for epoch in range(2):
+        assert sorted(r0[epoch] + r1[epoch]) == list(range(n))
+        assert r0[epoch] + r1[epoch] == list(range(n))  # contiguous blocks, rank order
+
+
+def test_exact_eval_gathers_back_in_dataset_order(run_ranks):
+    outs = run_ranks(jobs.exact_eval, 11)
+    assert outs[0] == outs[1] == [2 * i for i in range(11)]
+
+
+def test_loader_reshuffles_without_ring_epochs(run_ranks):
+    r0, _ = run_ranks(jobs.shards, 16, True, False, 3, False)
+    assert r0[0] != r0[1] and r0[1] != r0[2]
+
+
+def test_same_global_order_for_any_world_size(run_ranks):
+    """One process x batch 2b sees, per step, the union of what 2 ranks x batch b see."""
+    n, b = 16, 2
+    r0, r1 = run_ranks(jobs.shards, n, True, False, 1, True, b)
+    (single,) = jobs.shards(n, True, False, 1, True, 2 * b)
+    for step in range(n // (2 * b)):
+        two = set(r0[0][step * b : (step + 1) * b] + r1[0][step * b : (step + 1) * b])
+        assert two == set(single[step * 2 * b : (step + 1) * 2 * b])
+
+
+def test_exact_sampler_sizes_differ_by_at_most_one():
+    sizes = [len(ExactSampler(10, 4, r)) for r in range(4)]
+    assert sizes == [3, 3, 2, 2]
+    assert [i for r in range(4) for i in ExactSampler(10, 4, r)] == list(range(10))
+
+
+def test_user_sampler_is_sharded_consistently():
+    weights = torch.ones(20)
+    shards = []
+    for rank in range(2):
+        s = ShardedSampler(WeightedRandomSampler(weights, 20), num_replicas=2, rank=rank, seed=5)
+        s.set_epoch(1)
+        shards.append(list(s))
+    # both ranks drew the same full sequence (same seed + epoch) and took alternate indices
+    full = []
+    for a, b in zip(*shards):
+        full += [a, b]
+    again = ShardedSampler(WeightedRandomSampler(weights, 20), num_replicas=1, rank=0, seed=5)
+    again.set_epoch(1)
+    assert full == list(again)
+
+
+def test_user_distributed_sampler_must_match_rank():
+    ds = TensorDataset(torch.arange(8))
+    with pytest.raises(rt.RingtrainError, match="num_replicas"):
+        make_loader(
+            ds, batch_size=2, shuffle=False, drop_last=False, exact=False, rank=0, world_size=1, seed=0,
+            device=torch.device("cpu"), sampler=DistributedSampler(ds, num_replicas=2, rank=1),
+        )
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"batch_size": 0}, "batch_size=0"),
+        ({"batch_size": -3}, "batch_size=-3"),
+        ({"batch_size": 2, "batch_sampler": [[0, 1]]}, "batch_sampler"),
+        ({"batch_size": 2, "shuffle": True, "sampler": [0, 1]}, "shuffle=True"),
+    ],
+)
+def test_bad_loader_arguments(kwargs, needle):
+    ring = rt.Ring()
+    with pytest.raises(rt.RingtrainError, match="HINT") as info:
+        ring.loader(TensorDataset(torch.arange(8)), **kwargs)
+    assert needle in str(info.value)
+
+
+def test_dataset_smaller_than_world_size(run_ranks):
+    errors = run_ranks(jobs.loader_error, 1, 4)
+    assert all("fewer than the 2 ranks" in e and "HINT:" in e for e in errors)
+
+
+def test_batches_move_to_device_recursively():
+    batch = {"x": torch.ones(2), "pair": (torch.zeros(1), [torch.ones(1)]), "name": "a"}
+    moved = move_to_device(batch, torch.device("cpu"))
+    assert moved["name"] == "a" and torch.equal(moved["pair"][1][0], torch.ones(1))
+
+
+def test_single_process_loader_uses_whole_dataset():
+    ring = rt.Ring(seed=0)
+    loader = ring.loader(TensorDataset(torch.arange(10)), batch_size=4, shuffle=True)
+    seen = [torch.cat([x for (x,) in loader]).tolist() for _ in ring.epochs(2)]
+    assert sorted(seen[0]) == list(range(10)) and seen[0] != seen[1]
+    assert len(loader) == 3 and loader.batch_size == 4
