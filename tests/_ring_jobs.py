@@ -29,29 +29,44 @@ def train(
     batch_size: int,
     epochs: int = 2,
     *,
-    init_method: str | None = None,
-    world_size: int | None = None,
-    rank: int | None = None,
+    n: int = 96,
     save: str | None = None,
     save_after_batches: int | None = None,
     load: str | None = None,
-) -> torch.Tensor:
+    count_allreduce: bool = False,
+    setup_kwargs: dict | None = None,
+    **ring_kwargs,
+):
     """SGD with momentum on a small MLP; returns the final parameters.
 
+    ``ring_kwargs`` go to ``rt.Ring`` (accumulate, precision, strategy, init_method...).
     ``save_after_batches``: stop the run after that many batches of the last
     epoch, saving a checkpoint first (a run interrupted mid-epoch).
+    ``count_allreduce``: return ``(params, all-reduce calls made by each backward)``,
+    counted by a DDP communication hook (one call per gradient bucket).
     """
-    ring = rt.Ring(seed=0, init_method=init_method, world_size=world_size, rank=rank)
+    ring = rt.Ring(seed=0, **ring_kwargs)
     model = small_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    model, optimizer = ring.setup(model, optimizer)
-    loader = ring.loader(regression_data(), batch_size=batch_size, shuffle=True)
+    model, optimizer = ring.setup(model, optimizer, **(setup_kwargs or {}))
+    calls, per_backward = [], []
+    if count_allreduce:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def counting_hook(state, bucket):
+            calls.append(bucket.index())
+            return allreduce_hook(state, bucket)
+
+        model.register_comm_hook(None, counting_hook)
+    loader = ring.loader(regression_data(n), batch_size=batch_size, shuffle=True)
     if load:
         ring.load(load, model=model, optimizer=optimizer)
     for epoch in ring.epochs(epochs):
         for i, (x, y) in enumerate(loader):
             loss = F.cross_entropy(model(x), y)
+            before = len(calls)
             ring.backward(loss)
+            per_backward.append(len(calls) - before)
             optimizer.step()
             optimizer.zero_grad()
             if save_after_batches is not None and epoch == epochs - 1 and i + 1 == save_after_batches:
@@ -61,6 +76,8 @@ def train(
         if save and save_after_batches is None:
             ring.save(save, model=model, optimizer=optimizer, epoch=epoch)
     ring.close()
+    if count_allreduce:
+        return flat_params(model), per_backward
     return flat_params(model)
 
 
@@ -158,3 +175,13 @@ def ddp_options() -> tuple:
     out = (model.find_unused_parameters, model.gradient_as_bucket_view)
     ring.close()
     return out
+
+
+def seeded_streams() -> tuple:
+    """Random draws before and after setup: equal across ranks before, distinct after."""
+    ring = rt.Ring(seed=7)
+    before = torch.rand(3)
+    ring.setup(small_model())
+    after = torch.rand(3)
+    ring.close()
+    return before, after

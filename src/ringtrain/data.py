@@ -145,6 +145,15 @@ class RingLoader:
         self.batches_seen = 0  # in the current pass, counting resumed-over batches
         self.finished = False
         self._resumed_batches = 0
+        self.per_device_batch = loader.batch_size  # the ring sets it when one process drives several devices
+        self.pass_length = 0  # batches in the current pass, resumed-over ones included
+        # Called with this loader before each batch is handed out (the ring's accumulation
+        # window needs to know when an epoch is about to end).
+        self.listener: Callable[["RingLoader"], None] | None = None
+
+    def remaining(self) -> int | None:
+        """Batches left in the current pass, the one being handed out included (None: a stream)."""
+        return self.pass_length - self.batches_seen + 1 if self.pass_length >= 0 else None
 
     # The DataLoader's public face, for code that inspects it.
     @property
@@ -179,10 +188,16 @@ class RingLoader:
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)
         self.batches_seen = self._resumed_batches
+        try:
+            self.pass_length = len(self.loader) + self._resumed_batches
+        except TypeError:  # an IterableDataset without __len__
+            self.pass_length = -1
         self.finished = False
         try:
             for batch in self.loader:
                 self.batches_seen += 1
+                if self.listener is not None:
+                    self.listener(self)
                 yield move_to_device(batch, self.device, self._non_blocking) if self.device.type != "cpu" else batch
             self.finished = True
         finally:

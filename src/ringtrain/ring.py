@@ -22,12 +22,15 @@ from . import checkpoint, environments
 from .data import RingLoader, make_loader
 from .environments import Environment
 from .errors import RingtrainError
+from .optim import Accumulator, RingScheduler, wrap_optimizer
+from .precision import Precision
 from .progress import Progress
-from .strategies.base import Strategy
+from .strategies.base import BackwardSyncControl, Strategy
 from .strategies.ddp import DDP_OPTIONS, DDPStrategy
+from .strategies.dp import DataParallelStrategy
 from .strategies.single import SingleDevice
 
-STRATEGIES = ("auto", "single", "ddp")
+STRATEGIES = ("auto", "single", "dp", "ddp")
 DEFAULT_TIMEOUT_S = 1800.0
 
 
@@ -35,6 +38,24 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def scale_lr(base_lr: float, base_batch: int, global_batch: int, rule: str = "linear") -> float:
+    """Learning rate for ``global_batch`` given one tuned at ``base_batch``.
+
+    ``"linear"``: lr x (global/base) (Goyal et al. 2017, "Accurate, Large Minibatch
+    SGD"); ``"sqrt"``: lr x sqrt(global/base) (Krizhevsky 2014; common for Adam).
+    """
+    if base_batch <= 0 or global_batch <= 0:
+        raise RingtrainError(
+            f"scale_lr got base_batch={base_batch}, global_batch={global_batch}", "batch sizes must be positive."
+        )
+    ratio = global_batch / base_batch
+    if rule == "linear":
+        return base_lr * ratio
+    if rule == "sqrt":
+        return base_lr * ratio**0.5
+    raise RingtrainError(f"scale_lr got rule={rule!r}", "use rule='linear' or rule='sqrt'.")
 
 
 def _timeout(value: float | datetime.timedelta) -> datetime.timedelta:
@@ -87,6 +108,8 @@ def _make_strategy(name: str, env: Environment, device: str, backend, init_metho
         raise RingtrainError("Ring(device='cuda') was asked for, but torch sees no CUDA device", "use device='auto'.")
     if name == "auto":
         name = "ddp" if env.is_distributed or init_method is not None else "single"
+    if name == "dp":
+        return DataParallelStrategy(env, device=device)
     if name == "single":
         if env.is_distributed:
             raise RingtrainError(
@@ -107,6 +130,13 @@ class Ring:
     (``env://``, ``tcp://host:port``, ``file:///path``) with ``world_size`` and
     ``rank`` forms a group without a launcher. ``timeout`` (seconds) bounds
     forming the group and every collective. ``device``: ``"auto"``, ``"cpu"``, ``"cuda"``.
+
+    ``accumulate=k`` sums gradients over k micro-batches per optimizer step
+    (DDP synchronises only on the k-th); ``precision`` is ``"32"``,
+    ``"bf16-mixed"`` or ``"16-mixed"``; ``sync_batchnorm`` converts every
+    BatchNorm so statistics cover the global batch; ``deterministic`` turns on
+    torch's deterministic algorithms; ``cudnn_benchmark`` (default: on unless
+    deterministic) lets cuDNN pick the fastest convolution for fixed shapes.
     """
 
     def __init__(
@@ -120,6 +150,11 @@ class Ring:
         rank: int | None = None,
         timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S,
         device: str = "auto",
+        accumulate: int = 1,
+        precision: str = "32",
+        sync_batchnorm: bool = False,
+        deterministic: bool = False,
+        cudnn_benchmark: bool | None = None,
     ):
         env = _explicit(environments.detect(), world_size, rank)
         self.env = env
@@ -129,6 +164,18 @@ class Ring:
         self.seed = seed
         if seed is not None:
             seed_everything(seed)
+        self.accumulator = Accumulator(accumulate)
+        self.precision = Precision(precision, self.device)
+        self.sync_batchnorm = sync_batchnorm
+        if deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=False)
+        if torch.backends.cudnn.is_available():
+            torch.backends.cudnn.benchmark = (not deterministic) if cudnn_benchmark is None else cudnn_benchmark
+            torch.backends.cudnn.deterministic = deterministic
+        self._models: list[nn.Module] = []
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._active_loader: RingLoader | None = None
+        self._sync_off: dict[int, Any] = {}  # open no_sync regions, by id of the wrapped model
         self._loaders: list[RingLoader] = []
         self._loader_resume: list[dict[str, Any]] = []
         self._resume_epoch: int | None = None
@@ -165,6 +212,28 @@ class Ring:
         return self.local_rank == 0
 
     @property
+    def accumulate(self) -> int:
+        return self.accumulator.k
+
+    @property
+    def sync_now(self) -> bool:
+        """Did the last ``ring.backward`` end an accumulation window (so the optimizer steps now)?"""
+        return self.accumulator.sync_now
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps taken (accumulation boundaries), counting steps the fp16 scaler skipped."""
+        return self.accumulator.optimizer_steps
+
+    @property
+    def global_batch_size(self) -> int | None:
+        """Samples per optimizer step over the whole job: per-device batch x devices x accumulate."""
+        training = [made for made in self._loaders if not made.exact and made.per_device_batch]
+        if not training:
+            return None
+        return training[0].per_device_batch * self.world_size * self.strategy.devices_per_process * self.accumulate
+
+    @property
     def epoch(self) -> int | None:
         """The epoch ``ring.epochs`` is in, or None outside it."""
         return self._epoch
@@ -173,13 +242,24 @@ class Ring:
         return f"Ring(strategy={self.strategy.name!r}, rank={self.rank}/{self.world_size}, device={self.device})"
 
     # --- model, optimizer, data ------------------------------------------
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **wrap_kwargs: Any):
-        """Move ``model`` to the device, wrap it for the strategy; every rank starts from rank 0's weights.
+    def setup(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        **wrap_kwargs: Any,
+    ):
+        """Prepare ``model`` (and ``optimizer``, ``scheduler``) for this ring.
 
+        The model gets SyncBatchNorm if asked, moves to the device, runs its
+        forward under the precision's autocast, and is wrapped for the strategy;
+        every rank starts from rank 0's weights. The optimizer (same object) then
+        steps and zeroes gradients only on accumulation boundaries, through the
+        fp16 scaler when there is one; the scheduler steps only after a real step.
         ``wrap_kwargs`` go to DistributedDataParallel (find_unused_parameters,
         gradient_as_bucket_view, static_graph, bucket_cap_mb, broadcast_buffers)
-        and are accepted, unused, on one process so the script stays the same.
-        Returns ``(model, optimizer)``, or ``model`` when no optimizer is given.
+        and are accepted, unused, elsewhere so the script stays the same.
+        Returns ``model``, ``(model, optimizer)`` or ``(model, optimizer, scheduler)``.
         """
         unknown = set(wrap_kwargs) - DDP_OPTIONS
         if unknown:
@@ -189,14 +269,24 @@ class Ring:
             )
         if not isinstance(model, nn.Module):
             raise RingtrainError(f"ring.setup got a {type(model).__name__}, not an nn.Module", "pass your model.")
-        if self.strategy.unwrap(model) is not model or isinstance(model, (nn.DataParallel,)):
+        if self.strategy.unwrap(model) is not model or isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
             raise RingtrainError(
                 f"ring.setup got a model already wrapped in {type(model).__name__}",
                 "pass the plain model: the ring wraps it for the strategy it runs.",
             )
+        if scheduler is not None and optimizer is None:
+            raise RingtrainError("ring.setup got a scheduler without its optimizer", "pass ring.setup(model, optimizer, scheduler).")
+        if self.sync_batchnorm:
+            from .syncbn import convert_sync_batchnorm
+
+            model = convert_sync_batchnorm(model)
         # Move before wrapping: DDP and DataParallel need the module on its device first.
         model = model.to(self.device)
+        self.precision.wrap_forward(model)
         wrapped = self.strategy.wrap_module(model, **wrap_kwargs)
+        self._models.append(wrapped)
+        if self.accumulate > 1 and isinstance(self.strategy, BackwardSyncControl):
+            wrapped.register_forward_pre_hook(self._before_forward)
         if self.seed is not None:
             # Same weights everywhere came from the shared seed (and DDP's broadcast);
             # from here on each rank draws its own random stream (dropout, augmentation).
@@ -204,7 +294,11 @@ class Ring:
         if optimizer is None:
             return wrapped
         self._move_optimizer_state(optimizer)
-        return wrapped, optimizer
+        optimizer = wrap_optimizer(optimizer, self.accumulator, self.precision.scaler)
+        self._optimizers.append(optimizer)
+        if scheduler is None:
+            return wrapped, optimizer
+        return wrapped, optimizer, RingScheduler(scheduler, self.accumulator)
 
     def _move_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
         for state in optimizer.state.values():
@@ -229,7 +323,7 @@ class Ring:
         """
         made = make_loader(
             dataset,
-            batch_size=batch_size,
+            batch_size=batch_size * self.strategy.devices_per_process,
             shuffle=shuffle,
             drop_last=drop_last,
             exact=exact,
@@ -239,8 +333,18 @@ class Ring:
             device=self.device,
             **dataloader_kwargs,
         )
+        made.per_device_batch = batch_size
+        if not exact:
+            made.listener = self._note_loader
+        first_training = not exact and self.global_batch_size is None
         index = len(self._loaders)
         self._loaders.append(made)
+        if first_training and self.global_batch_size != batch_size:
+            devices = self.world_size * self.strategy.devices_per_process
+            self.print(
+                f"ringtrain: global batch {self.global_batch_size} = {batch_size} per device x {devices} "
+                f"device(s) x {self.accumulate} accumulation step(s)"
+            )
         if index < len(self._loader_resume):
             self._resume_loader(made, self._loader_resume[index])
         return made
@@ -258,9 +362,55 @@ class Ring:
         finally:
             self._epoch = None
 
+    def _note_loader(self, made: RingLoader) -> None:
+        self._active_loader = made
+
+    def _remaining(self) -> int | None:
+        return self._active_loader.remaining() if self._active_loader is not None else None
+
+    def _before_forward(self, module: nn.Module, args: Any) -> None:
+        """Inside a window, run forward and backward under the strategy's ``no_sync``."""
+        if not torch.is_grad_enabled():
+            return
+        open_region = self._sync_off.pop(id(module), None)
+        if open_region is not None:  # a forward whose backward never came (e.g. a skipped batch)
+            open_region.__exit__(None, None, None)
+        if not self.accumulator.boundary_ahead(self._remaining()):
+            region = self.strategy.no_sync(module)  # type: ignore[attr-defined]
+            region.__enter__()
+            self._sync_off[id(module)] = region
+
     def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+        """``loss.backward()`` done right for accumulation and precision.
+
+        Divides the loss by the accumulation window, scales it for fp16, and
+        skips DDP's gradient all-reduce (``no_sync``) on all but the window's
+        last micro-batch: one all-reduce per optimizer step, not per micro-batch.
+        """
+        self.accumulator.check_lr(self._optimizers)
+        divisor, _ = self.accumulator.next_backward(self._remaining())
+        scaled = self.precision.scaler.scale(loss / divisor if divisor > 1 else loss)
+        try:
+            scaled.backward()
+        finally:
+            for region in self._sync_off.values():
+                region.__exit__(None, None, None)
+            self._sync_off.clear()
         self._last_loss = loss.detach()
+
+    def clip_grad_norm_(self, model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
+        """Clip gradients to ``max_norm`` on accumulation boundaries (unscaling fp16 gradients first).
+
+        Returns the total norm before clipping; between boundaries the gradients
+        are still partial sums, nothing is clipped and None is returned.
+        """
+        if not self.accumulator.sync_now:
+            return None
+        scaler = self.precision.scaler
+        if scaler.is_enabled():
+            for optimizer in self._optimizers:
+                scaler.unscale_(optimizer)
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type=norm_type)
 
     # --- collectives (identity on one process) ----------------------------
     def all_reduce(self, x: Any, op: str = "mean") -> torch.Tensor:
@@ -322,6 +472,8 @@ class Ring:
                 "rng": rng,
                 "loaders": [made.state() for made in self._loaders],
                 "epoch": self._epoch,
+                "optimizer_steps": self.accumulator.optimizer_steps,
+                "scaler": self.precision.scaler.state_dict(),
             }
             try:
                 checkpoint.atomic_save(payload, path)
@@ -373,6 +525,9 @@ class Ring:
         # RNG streams are per rank: restored only when the world has the same size.
         if meta.get("world_size") == self.world_size and meta.get("rng"):
             checkpoint.restore_rng(meta["rng"][self.rank])
+        self.accumulator.optimizer_steps = int(meta.get("optimizer_steps", 0))
+        if meta.get("scaler") and self.precision.scaler.is_enabled():
+            self.precision.scaler.load_state_dict(meta["scaler"])
         self._loader_resume = list(meta.get("loaders") or [])
         for made, saved in zip(self._loaders, self._loader_resume):
             self._resume_loader(made, saved)

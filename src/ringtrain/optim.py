@@ -1,0 +1,147 @@
+"""Stepping only on accumulation boundaries: the window, the optimizer, the scheduler.
+
+With ``Ring(accumulate=k)`` a *window* is k micro-batches whose gradients add up
+before one optimizer step. ``Accumulator`` knows where in the window we are;
+``ring.backward`` asks it how much to divide the loss by and whether this
+backward is the boundary (only then does DDP synchronise). The optimizer and
+scheduler that ``ring.setup`` returns consult it, so the user's loop keeps
+calling ``optimizer.step()`` / ``zero_grad()`` / ``scheduler.step()`` every
+micro-step and they act only on boundaries.
+
+Epoch ends are *flushed*: when a ring loader is on its last batches, the window
+shrinks to what is left (and the loss is divided by that smaller count), so an
+epoch of n micro-batches always ends with a step, no gradient leaks into the
+next epoch, and a short window equals one batch of its samples. Loaders not made
+by the ring carry the window over instead (the ring cannot see their end).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any, Callable
+
+import torch
+
+from .errors import RingtrainError
+
+
+class Accumulator:
+    """Position inside the current accumulation window."""
+
+    def __init__(self, k: int):
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise RingtrainError(f"Ring got accumulate={k!r}", "accumulate is a number of micro-batches: 1 or more.")
+        self.k = k
+        self.micro = 0  # micro-batches already in the current window
+        self.window = k
+        self.sync_now = True  # did the last backward end a window?
+        self.just_stepped = False  # was the optimizer stepped since the last backward?
+        self.optimizer_steps = 0
+        self._lrs: list[float] | None = None
+
+    def boundary_ahead(self, remaining: int | None) -> bool:
+        """Will the coming backward end the window? Decided before the forward, because
+        DDP reads its ``no_sync`` flag in forward (DistributedDataParallel.forward →
+        reducer.prepare_for_backward), not in backward."""
+        if self.micro == 0:
+            self.window = max(1, min(self.k, remaining)) if remaining is not None else self.k
+        return self.micro + 1 >= self.window
+
+    def next_backward(self, remaining: int | None) -> tuple[int, bool]:
+        """Advance one micro-step; return (loss divisor, is this the boundary)."""
+        boundary = self.boundary_ahead(remaining)
+        divisor = self.window
+        self.micro = 0 if boundary else self.micro + 1
+        self.sync_now = boundary
+        self.just_stepped = False
+        return divisor, boundary
+
+    def check_lr(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        """A scheduler stepped inside a window would run k times too fast: make that loud."""
+        if self.k == 1:
+            return
+        lrs = [float(g["lr"]) for opt in optimizers for g in opt.param_groups if "lr" in g]
+        if self.micro == 0 or self._lrs is None:
+            self._lrs = lrs
+        elif lrs != self._lrs:
+            raise RingtrainError(
+                f"the learning rate changed in the middle of an accumulation window (accumulate={self.k}): "
+                "an LR scheduler is stepping every micro-batch, so its schedule would run "
+                f"{self.k}x too fast",
+                "pass the scheduler through ring.setup(model, optimizer, scheduler) — it then steps only on "
+                "accumulation boundaries — or step it once per epoch.",
+            )
+
+
+def wrap_optimizer(
+    optimizer: torch.optim.Optimizer,
+    accumulator: Accumulator,
+    scaler: torch.amp.GradScaler,
+) -> torch.optim.Optimizer:
+    """Gate ``optimizer.step`` / ``zero_grad`` on ``accumulator``'s boundaries, in place; return it.
+
+    The gate is an instance attribute wrapping whatever ``step`` the optimizer has
+    now — which is how torch's LR schedulers track steps too — so the layers
+    compose in either order: a scheduler made earlier sees only real steps, one
+    made later wraps the gate. It stays the same object and the same class (an
+    ``SGD`` is still an ``SGD``), and the variable the user already holds is gated.
+    """
+    if getattr(optimizer.step, "_ringtrain_gate", False):
+        raise RingtrainError("ring.setup got an optimizer that a ring already set up", "pass each optimizer once.")
+    previous_step = optimizer.step
+    previous_zero_grad = optimizer.zero_grad
+    inside = [False]
+
+    # functools.wraps carries the wrapped step's attributes (a scheduler's marker among
+    # them); MethodType keeps it a bound method, which schedulers made later expect.
+    @functools.wraps(previous_step)
+    def step(self: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+        if inside[0]:
+            # GradScaler.step calls optimizer.step(): this is that inner call.
+            return previous_step(closure) if closure is not None else previous_step()
+        if not accumulator.sync_now:
+            return None
+        if scaler.is_enabled():
+            # The scaler unscales (unless clipping already did), skips the step if any
+            # gradient is inf/NaN and lowers the scale; update() raises it again later.
+            inside[0] = True
+            try:
+                result = scaler.step(optimizer, closure) if closure is not None else scaler.step(optimizer)
+            finally:
+                inside[0] = False
+            scaler.update()
+        else:
+            result = previous_step(closure) if closure is not None else previous_step()
+        accumulator.optimizer_steps += 1
+        accumulator.just_stepped = True
+        return result
+
+    @functools.wraps(previous_zero_grad)
+    def zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+        if accumulator.sync_now:
+            previous_zero_grad(set_to_none=set_to_none)
+
+    step._ringtrain_gate = True  # type: ignore[attr-defined]
+    optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
+    optimizer.zero_grad = types.MethodType(zero_grad, optimizer)  # type: ignore[method-assign]
+    return optimizer
+
+
+class RingScheduler:
+    """An LR scheduler whose ``step()`` acts only right after a real optimizer step."""
+
+    def __init__(self, scheduler: Any, accumulator: Accumulator):
+        self._scheduler = scheduler
+        self._accumulator = accumulator
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        if self._accumulator.just_stepped or self._accumulator.k == 1:
+            self._scheduler.step(*args, **kwargs)
+
+    @property
+    def inner(self) -> Any:
+        return self._scheduler
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._scheduler, name)

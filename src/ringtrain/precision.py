@@ -1,0 +1,98 @@
+"""Numeric precision: ``"32"``, ``"bf16-mixed"``, ``"16-mixed"``.
+
+One object per choice, each with the same three pieces, so the training step
+has no branches (nanoGPT's ``nullcontext`` vs ``autocast``, and
+``GradScaler(enabled=...)``):
+
+* ``autocast()`` — the context the model's forward runs in;
+* ``scaler`` — a ``torch.amp.GradScaler`` that is enabled only for float16,
+  whose dynamic loss scale keeps small gradients from flushing to zero and
+  skips steps whose gradients overflowed (Micikevicius et al. 2018, "Mixed
+  Precision Training"); bfloat16 has float32's exponent range and needs none;
+* ``wrap_forward(module)`` — makes ``module(x)`` run under ``autocast()`` and
+  return float32 outputs, so a loss computed outside the model is float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager
+
+import torch
+from torch import nn
+
+from .errors import RingtrainError
+
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+_ALIASES = {"32": "32", "32-true": "32", "fp32": "32", "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed",
+            "16-mixed": "16-mixed", "fp16": "16-mixed", "16": "16-mixed"}
+
+
+def _to_float32(output: Any) -> Any:
+    if isinstance(output, torch.Tensor):
+        return output.float() if output.is_floating_point() and output.dtype != torch.float32 else output
+    if isinstance(output, dict):
+        return type(output)({k: _to_float32(v) for k, v in output.items()})
+    if isinstance(output, tuple) and hasattr(output, "_fields"):
+        return type(output)(*(_to_float32(v) for v in output))
+    if isinstance(output, (list, tuple)):
+        return type(output)(_to_float32(v) for v in output)
+    return output
+
+
+class Precision:
+    """Mixed or full precision for one device type."""
+
+    def __init__(self, name: str, device: torch.device):
+        if name not in _ALIASES:
+            raise RingtrainError(f"unknown precision {name!r}", f"use one of {', '.join(PRECISIONS)}.")
+        self.name = _ALIASES[name]
+        self.device_type = device.type
+        self.dtype = {"32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}[self.name]
+        if self.dtype is not None and not torch.amp.is_autocast_available(self.device_type):
+            raise RingtrainError(
+                f"precision={name!r} needs autocast on {self.device_type}, which this torch build lacks",
+                "use precision='32'.",
+            )
+        if self.dtype is torch.bfloat16 and self.device_type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise RingtrainError(
+                "precision='bf16-mixed' was asked for, but this GPU has no bfloat16 support",
+                "use precision='16-mixed' on pre-Ampere GPUs.",
+            )
+        self.scaler = torch.amp.GradScaler(self.device_type, enabled=self.dtype is torch.float16)
+
+    @property
+    def mixed(self) -> bool:
+        return self.dtype is not None
+
+    def autocast(self) -> ContextManager:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def wrap_forward(self, module: nn.Module) -> None:
+        """Run ``module``'s forward under autocast from now on, returning float32 outputs.
+
+        Forward hooks rather than a replaced ``forward``: the module tree, its
+        state dict and ``copy.deepcopy`` stay ordinary, and ``always_call=True``
+        closes the autocast region even when forward raises.
+        """
+        if not self.mixed or getattr(module, "_ringtrain_autocast", False):
+            return
+        regions: list[ContextManager] = []
+
+        def enter(mod: nn.Module, args: Any) -> None:
+            region = self.autocast()
+            region.__enter__()
+            regions.append(region)
+
+        def leave(mod: nn.Module, args: Any, output: Any) -> Any:
+            regions.pop().__exit__(None, None, None)
+            return _to_float32(output)
+
+        module.register_forward_pre_hook(enter)
+        module.register_forward_hook(leave, always_call=True)
+        module._ringtrain_autocast = True
+
+    def __repr__(self) -> str:
+        return f"Precision({self.name!r}, {self.device_type})"
