@@ -145,3 +145,21 @@ class RingScheduler:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._scheduler, name)
+
+
+def scale_lr(base_lr: float, base_batch: int, global_batch: int, rule: str = "linear") -> float:
+    """Learning rate for ``global_batch`` given one tuned at ``base_batch``.
+
+    ``"linear"``: lr x (global/base) (Goyal et al. 2017, "Accurate, Large Minibatch
+    SGD"); ``"sqrt"``: lr x sqrt(global/base) (Krizhevsky 2014; common for Adam).
+    """
+    if base_batch <= 0 or global_batch <= 0:
+        raise RingtrainError(
+            f"scale_lr got base_batch={base_batch}, global_batch={global_batch}", "batch sizes must be positive."
+        )
+    ratio = global_batch / base_batch
+    if rule == "linear":
+        return base_lr * ratio
+    if rule == "sqrt":
+        return base_lr * ratio**0.5
+    raise RingtrainError(f"scale_lr got rule={rule!r}", "use rule='linear' or rule='sqrt'.")

@@ -9,7 +9,6 @@ here is correct on one process (collectives are the identity) and on many.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import datetime
 import random
 from typing import Any, Iterable, Iterator
@@ -20,105 +19,19 @@ from torch import nn
 
 from . import checkpoint, environments
 from .data import RingLoader, make_loader
-from .environments import Environment
 from .errors import RingtrainError
 from .optim import Accumulator, RingScheduler, wrap_optimizer
 from .precision import Precision
 from .progress import Progress
-from .strategies.base import BackwardSyncControl, Strategy
-from .strategies.ddp import DDP_OPTIONS, DDPStrategy
-from .strategies.dp import DataParallelStrategy
-from .strategies.single import SingleDevice
-
-STRATEGIES = ("auto", "single", "dp", "ddp")
-DEFAULT_TIMEOUT_S = 1800.0
+from .strategies import DEFAULT_TIMEOUT_S, choose_strategy
+from .strategies.base import BackwardSyncControl
+from .strategies.ddp import DDP_OPTIONS
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA device
-
-
-def scale_lr(base_lr: float, base_batch: int, global_batch: int, rule: str = "linear") -> float:
-    """Learning rate for ``global_batch`` given one tuned at ``base_batch``.
-
-    ``"linear"``: lr x (global/base) (Goyal et al. 2017, "Accurate, Large Minibatch
-    SGD"); ``"sqrt"``: lr x sqrt(global/base) (Krizhevsky 2014; common for Adam).
-    """
-    if base_batch <= 0 or global_batch <= 0:
-        raise RingtrainError(
-            f"scale_lr got base_batch={base_batch}, global_batch={global_batch}", "batch sizes must be positive."
-        )
-    ratio = global_batch / base_batch
-    if rule == "linear":
-        return base_lr * ratio
-    if rule == "sqrt":
-        return base_lr * ratio**0.5
-    raise RingtrainError(f"scale_lr got rule={rule!r}", "use rule='linear' or rule='sqrt'.")
-
-
-def _timeout(value: float | datetime.timedelta) -> datetime.timedelta:
-    if isinstance(value, datetime.timedelta):
-        return value
-    if not isinstance(value, (int, float)) or value <= 0:
-        raise RingtrainError(f"Ring got timeout={value!r}", "pass a positive number of seconds or a datetime.timedelta.")
-    return datetime.timedelta(seconds=float(value))
-
-
-def _explicit(env: Environment, world_size: int | None, rank: int | None) -> Environment:
-    """Apply ``Ring(world_size=..., rank=...)``; a launcher that says otherwise is an error."""
-    if world_size is None and rank is None:
-        return env
-    if env.is_distributed:
-        if world_size is not None and world_size != env.world_size:
-            raise RingtrainError(
-                f"Ring(world_size={world_size}) was asked for, but the launcher ({env.name}) started "
-                f"{env.world_size} processes",
-                "drop world_size= and let the launcher decide, or launch with a matching process count.",
-            )
-        if rank is not None and rank != env.rank:
-            raise RingtrainError(
-                f"Ring(rank={rank}) was asked for, but the launcher ({env.name}) says this is rank {env.rank}",
-                "drop rank= when a launcher starts the processes.",
-            )
-        return env
-    if world_size is None or rank is None:
-        raise RingtrainError(
-            "Ring got only one of world_size= and rank=",
-            "give both (with init_method='tcp://host:port' or 'file:///path'), or start with `ringtrain run`.",
-        )
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise RingtrainError(
-            f"Ring got rank={rank} for world_size={world_size}",
-            "rank must be in [0, world_size).",
-        )
-    # Processes started by hand are taken to share one node, local rank = rank.
-    return dataclasses.replace(
-        env, name="explicit", rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size
-    )
-
-
-def _make_strategy(name: str, env: Environment, device: str, backend, init_method, timeout) -> Strategy:
-    if name not in STRATEGIES:
-        raise RingtrainError(f"unknown strategy {name!r}", f"use one of {', '.join(STRATEGIES)}.")
-    if device not in ("auto", "cpu", "cuda"):
-        raise RingtrainError(f"Ring got device={device!r}", "use 'auto', 'cpu' or 'cuda'.")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RingtrainError("Ring(device='cuda') was asked for, but torch sees no CUDA device", "use device='auto'.")
-    if name == "auto":
-        name = "ddp" if env.is_distributed or init_method is not None else "single"
-    if name == "dp":
-        return DataParallelStrategy(env, device=device)
-    if name == "single":
-        if env.is_distributed:
-            raise RingtrainError(
-                f"strategy='single' was asked for, but the launcher ({env.name}) started {env.world_size} "
-                "processes: each would train its own copy on all the data",
-                "use strategy='auto' or 'ddp', or launch one process (python train.py).",
-            )
-        return SingleDevice(env, device=device)
-    return DDPStrategy(env, device=device, backend=backend, init_method=init_method, timeout=timeout)
 
 
 class Ring:
@@ -156,9 +69,17 @@ class Ring:
         deterministic: bool = False,
         cudnn_benchmark: bool | None = None,
     ):
-        env = _explicit(environments.detect(), world_size, rank)
-        self.env = env
-        self.strategy = _make_strategy(strategy, env, device, backend, init_method, _timeout(timeout))
+        self.strategy = choose_strategy(
+            strategy,
+            environments.detect(),
+            world_size=world_size,
+            rank=rank,
+            device=device,
+            backend=backend,
+            init_method=init_method,
+            timeout=timeout,
+        )
+        self.env = self.strategy.env
         self.strategy.setup_environment()
         atexit.register(self.close)
         self.seed = seed
