@@ -13,9 +13,21 @@
 """
 
 from .errors import RingtrainError
-from .launch import launch
-from .ring import Ring
+from .launcher import launch
+from .optim import scale_lr
+from .ring import Ring, seed_everything
+from .syncbn import SyncBatchNorm, convert_sync_batchnorm, revert_sync_batchnorm
 
 __version__ = "0.1.0"
 
-__all__ = ["Ring", "RingtrainError", "launch", "__version__"]
+__all__ = [
+    "Ring",
+    "RingtrainError",
+    "SyncBatchNorm",
+    "convert_sync_batchnorm",
+    "launch",
+    "revert_sync_batchnorm",
+    "scale_lr",
+    "seed_everything",
+    "__version__",
+]

@@ -2,7 +2,7 @@
 
 import sys
 
-from ringtrain.launch.cli import main
+from ringtrain.launcher.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,73 @@
+"""The ``ringtrain`` command: one word picks the subcommand, which owns the rest of the line.
+
+Each subcommand is a module with ``main(argv) -> int`` and its own parser and manual, so
+``ringtrain run --help`` shows run's manual and nothing here needs to know its flags.
+Modules are imported only when their subcommand is chosen: ``ringtrain --help`` must not
+pay for importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import NamedTuple
+
+
+class Command(NamedTuple):
+    module: str
+    summary: str
+
+
+COMMANDS: dict[str, Command] = {
+    "run": Command("ringtrain.launcher.run", "start a training script on N processes per node, on one or many nodes"),
+    "env": Command("ringtrain.launcher.env_info", "print versions, devices, backends and launcher variables for a bug report"),
+    # "bench": Command("ringtrain.bench.cli", "..."),  -- the benchmark harness plugs in here
+}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ringtrain")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [
+        "usage: ringtrain <command> [options ...]",
+        "",
+        "Distributed PyTorch training from an ordinary script.",
+        "",
+        "commands:",
+        *(f"  {name.ljust(width)}  {cmd.summary}" for name, cmd in COMMANDS.items()),
+        "",
+        "`ringtrain <command> --help` shows a command's manual; `ringtrain --version` the version.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        print(usage(), file=sys.stderr)
+        return 2
+    name, rest = argv[0], argv[1:]
+    if name in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    if name in ("-V", "--version"):
+        print(f"ringtrain {_version()}")
+        return 0
+    command = COMMANDS.get(name)
+    if command is None:
+        print(f"ringtrain: unknown command {name!r}\nHINT: use one of: {', '.join(COMMANDS)} "
+              "(e.g. `ringtrain run --nproc-per-node 2 train.py`).", file=sys.stderr)
+        return 2
+    return importlib.import_module(command.module).main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,373 @@
+"""ringtrain run: start a training script as N processes per node, on one machine or many.
+
+Usage
+-----
+
+    ringtrain run [options] script.py [script args ...]
+    ringtrain run [options] -m package.module [module args ...]
+
+Everything after the script (or module) name is passed to it untouched. Each process
+(a "worker") runs the script as ``python script.py args`` would, with the variables
+below telling it its place in the job. ``ringtrain run`` is torchrun's elastic agent
+(``torch.distributed.run``) with safer defaults: a free port on a single node, a
+rendezvous that listens on loopback only when the job is on one machine, a timeout on
+joining, both spellings of ``--local_rank`` for old scripts, and a short report naming
+the rank that failed first.
+
+Examples
+--------
+
+One node, 4 workers (one per GPU with NCCL, or 4 CPU processes with Gloo)::
+
+    ringtrain run --nproc-per-node 4 train.py --epochs 10
+
+One worker per GPU, only on GPUs 2 and 3 (workers see them as cuda:0 and cuda:1)::
+
+    ringtrain run --nproc-per-node gpu --gpus 2,3 train.py
+
+Two nodes with 8 workers each: run the same command on both, changing only
+``--node-rank``; ``--master-addr`` is node 0's address, reachable from node 1::
+
+    # on 10.0.0.1
+    ringtrain run --nnodes 2 --node-rank 0 --nproc-per-node 8 \\
+        --master-addr 10.0.0.1 --master-port 29500 train.py
+    # on the other node
+    ringtrain run --nnodes 2 --node-rank 1 --nproc-per-node 8 \\
+        --master-addr 10.0.0.1 --master-port 29500 train.py
+
+A module, as ``python -m`` would run it (found from the current directory and PYTHONPATH)::
+
+    ringtrain run --nproc-per-node 2 -m mypkg.train --lr 0.1
+
+A legacy script written for ``python -m torch.distributed.launch``, which parses
+``--local_rank`` (or ``--local-rank``) with a strict ``parse_args()``, runs unchanged::
+
+    ringtrain run --nproc-per-node 2 old_train.py
+
+ringtrain reads the script and passes ``--local_rank=N`` or ``--local-rank=N`` (right
+after the script name) only if the script declares that spelling in ``add_argument``,
+and nothing to scripts that read ``LOCAL_RANK`` from the environment. (Plain torchrun
+passes nothing; torch.distributed.launch always passes ``--local-rank``, which breaks
+scripts declaring only ``--local_rank``: "unrecognized arguments: --local-rank=0".)
+
+Elastic jobs (``--nnodes MIN:MAX``) use torchrun's c10d rendezvous on
+``--master-addr:--master-port``; ``--node-rank`` is then ignored.
+
+Environment variables set for workers
+-------------------------------------
+
+The torchrun contract, so ``dist.init_process_group(backend)`` (``env://``) and
+``ringtrain.Ring`` work with no arguments:
+
+* ``RANK``, ``WORLD_SIZE`` - global rank of this worker, and number of workers in the job.
+* ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` - rank among, and number of, workers on this node.
+  Use ``LOCAL_RANK`` as the GPU index.
+* ``GROUP_RANK`` - this node's rank (``--node-rank``). Also ``ROLE_RANK``, ``ROLE_WORLD_SIZE``.
+* ``MASTER_ADDR``, ``MASTER_PORT`` - where the job's TCPStore runs. It is hosted by the
+  ``ringtrain run`` process of node 0 (``TORCHELASTIC_USE_AGENT_STORE=True``): workers
+  join it as clients, they must not open their own store on that port.
+* ``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``, ``TORCHELASTIC_MAX_RESTARTS``,
+  ``TORCHELASTIC_ERROR_FILE`` (where a worker's traceback is written for the report).
+* ``OMP_NUM_THREADS=1`` when it is unset and there is more than one worker per node, as
+  torchrun does (with the same warning); set it yourself to tune CPU threads.
+* ``CUDA_VISIBLE_DEVICES`` when ``--gpus`` is given.
+
+Failure modes
+-------------
+
+1. A worker raises an exception or exits non-zero: the agent stops every worker on its
+   node, ringtrain prints which rank failed first (global and local rank, host, exit
+   code or signal) with its traceback, and exits 1. Workers on other nodes find their
+   peers gone; their next collective fails and their nodes exit too. With
+   ``--max-restarts K`` the node's workers are restarted up to K times first (your
+   script must resume from its checkpoint).
+2. A worker killed by a signal (the OOM killer, a segfault): reported with the signal
+   name; check ``dmesg``.
+3. The master is unreachable (wrong ``--master-addr``, firewall, node 0 not started):
+   non-zero nodes give up joining after about ``--timeout`` seconds (TCPStore retries
+   its connection, so allow up to three times that), name the address, and exit 1.
+4. Nodes that never arrive: node 0 waits ``--timeout`` seconds for all ``--nnodes``
+   nodes, then exits 1.
+5. ``--master-port`` already in use on node 0: an error naming the port, before any
+   worker starts. On a single node, omit ``--master-port`` and a free one is picked.
+6. Wrong arguments (``--nproc-per-node 0``, ``--node-rank`` >= ``--nnodes``, a missing
+   script, ``--gpus`` not a list of integers): exit code 2 and a HINT, before anything
+   starts.
+7. Ctrl-C or SIGTERM to ``ringtrain run``: forwarded to the workers, which are stopped;
+   exit code 128 + the signal number.
+8. A hang *inside* training (a rank stuck in a collective its peers never call) is not
+   a launcher failure: the process group's own timeout applies
+   (``init_process_group(timeout=...)``; by default 10 minutes for NCCL, 30 for Gloo).
+
+Exit codes: 0 success, 1 a worker or the rendezvous failed, 2 wrong arguments,
+128+N stopped by signal N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+
+from ..errors import RingtrainError
+from . import scripts
+from .ports import LOOPBACK
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+TORCHRUN_DEFAULT_PORT = 29500  # torchrun's default for multi-node static rendezvous
+NPROC_WORDS = ("auto", "gpu", "cpu")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's own errors (unknown flag, missing value) also end with a HINT."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\nHINT: see `{self.prog} --help`.\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    summary, _, manual = __doc__.partition("\n\n")
+    parser = _Parser(
+        prog="ringtrain run",
+        usage="%(prog)s [options] script.py [script args ...]\n"
+        "       %(prog)s [options] -m package.module [module args ...]",
+        description=summary.replace("ringtrain run: ", "", 1)
+        + "\nOptions also accept underscores (--nproc_per_node), like torchrun.",
+        epilog=manual,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # `--nproc 2` must be an error, not a silent guess
+    )
+    def add(flag: str, **kw) -> None:
+        # Both spellings, like torchrun (DESIGN.md, principle 7); the underscore one is
+        # accepted but kept out of --help so the option list stays readable.
+        parser.add_argument(flag, **kw)
+        if "_" not in flag and flag.count("-") > 2:
+            alias = {k: v for k, v in kw.items() if k in ("type", "metavar")}
+            parser.add_argument("--" + flag[2:].replace("-", "_"), dest=flag[2:].replace("-", "_"),
+                                default=argparse.SUPPRESS, help=argparse.SUPPRESS, **alias)
+
+    add("--nproc-per-node", default="1", metavar="N|auto|gpu|cpu",
+        help="workers on this node: a number, 'gpu' (one per GPU), 'cpu' (one per CPU core), "
+        "or 'auto' (GPUs if any, else CPU cores). Default: 1.")
+    add("--nnodes", default="1", metavar="N|MIN:MAX", help="number of nodes (MIN:MAX for an elastic job). Default: 1.")
+    add("--node-rank", type=int, default=0, metavar="R", help="rank of this node, 0..nnodes-1. Default: 0.")
+    add("--master-addr", default=LOOPBACK, metavar="ADDR",
+        help="address of node 0, reachable from every node. Default: 127.0.0.1 (one machine).")
+    add("--master-port", type=int, default=None, metavar="PORT",
+        help="rendezvous port on node 0, the same on every node. Default: a free port on a single "
+        f"node, {TORCHRUN_DEFAULT_PORT} with several nodes (as torchrun).")
+    add("--gpus", default=None, metavar="I,J,...",
+        help="GPUs the workers may use (sets CUDA_VISIBLE_DEVICES); with --nproc-per-node gpu or "
+        "auto, one worker per listed GPU.")
+    add("--max-restarts", type=int, default=0, metavar="K",
+        help="restart this node's workers up to K times after a failure. Default: 0.")
+    add("--log-dir", default=None, metavar="DIR",
+        help="directory for torchelastic's per-run logs and error files. Default: a temporary directory.")
+    add("--timeout", type=int, default=300, metavar="SECONDS",
+        help="how long nodes wait for each other to join the rendezvous. Default: 300.")
+    parser.add_argument("-m", "--module", action="store_true", help="the target is a module name, run like `python -m`.")
+    parser.add_argument("script", metavar="script.py", help="the training script (or module, with -m).")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+@dataclass
+class Plan:
+    """What to launch, validated. Everything torchrun needs comes from here."""
+
+    nproc: str  # a positive integer as text, or "auto" / "cpu" / "gpu" for torchrun to count
+    nnodes: str
+    max_nodes: int
+    elastic: bool
+    node_rank: int
+    master_addr: str
+    master_port: int | None
+    gpus: list[int] | None
+    max_restarts: int
+    log_dir: str | None
+    timeout: int
+    module: bool
+    target: str
+    target_args: list[str] = field(default_factory=list)
+    local_rank_arg: str | None = None  # "--local_rank" / "--local-rank" if the script declares it
+
+
+def _parse_gpus(text: str) -> list[int]:
+    items = [item.strip() for item in text.split(",")]
+    if not items or not all(item.isdigit() for item in items):
+        raise RingtrainError(
+            f"--gpus {text!r} is not a comma-separated list of GPU indices",
+            "write the indices as nvidia-smi lists them, e.g. --gpus 0,1 (not 'cuda:0').",
+        )
+    return [int(item) for item in items]
+
+
+def _parse_nnodes(text: str) -> tuple[int, int]:
+    parts = text.split(":")
+    try:
+        low, high = (int(parts[0]), int(parts[0])) if len(parts) == 1 else (int(parts[0]), int(parts[1]))
+    except (ValueError, IndexError) as e:
+        raise RingtrainError(f"--nnodes {text!r} is neither N nor MIN:MAX", "e.g. --nnodes 2 or --nnodes 1:4.") from e
+    if len(parts) > 2 or not 1 <= low <= high:
+        raise RingtrainError(f"--nnodes {text!r} is not a valid node count", "use N >= 1, or MIN:MAX with 1 <= MIN <= MAX.")
+    return low, high
+
+
+def _resolve_nproc(text: str, gpus: list[int] | None) -> str:
+    if text in ("gpu", "auto") and gpus is not None:
+        return str(len(gpus))  # one worker per GPU the user listed
+    if text == "gpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RingtrainError(
+                "--nproc-per-node gpu, but torch sees no CUDA GPU here",
+                "give a number (--nproc-per-node 2) or 'cpu'; run `ringtrain env` to see what torch finds.",
+            )
+        return text
+    if text in NPROC_WORDS:
+        return text
+    try:
+        n = int(text)
+    except ValueError as e:
+        raise RingtrainError(f"--nproc-per-node {text!r} is not a number", "use a positive integer or one of: auto, gpu, cpu.") from e
+    if n < 1:
+        raise RingtrainError(f"--nproc-per-node {n}: a node needs at least one worker", "use --nproc-per-node 1 or more.")
+    if gpus is not None and n > len(gpus):
+        raise RingtrainError(
+            f"--nproc-per-node {n} workers but --gpus lists only {len(gpus)} GPU(s)",
+            "list one GPU per worker, or use --nproc-per-node gpu to start one worker per listed GPU.",
+        )
+    return str(n)
+
+
+def plan_from_args(ns: argparse.Namespace) -> Plan:
+    """Validate the command line. Raises RingtrainError (exit code 2) before anything starts."""
+    gpus = _parse_gpus(ns.gpus) if ns.gpus is not None else None
+    nproc = _resolve_nproc(ns.nproc_per_node, gpus)
+    min_nodes, max_nodes = _parse_nnodes(ns.nnodes)
+    if not 0 <= ns.node_rank < max_nodes:
+        raise RingtrainError(
+            f"--node-rank {ns.node_rank} with --nnodes {ns.nnodes}: node ranks are 0..{max_nodes - 1}",
+            "number the nodes from 0 (the master) to nnodes-1, each node a different rank.",
+        )
+    if ns.master_port is not None and not 1 <= ns.master_port <= 65535:
+        raise RingtrainError(f"--master-port {ns.master_port} is not a TCP port", "use 1..65535, or omit it on a single node.")
+    if ns.timeout < 1:
+        raise RingtrainError(f"--timeout {ns.timeout}: must be at least 1 second", "e.g. --timeout 300.")
+    if ns.max_restarts < 0:
+        raise RingtrainError(f"--max-restarts {ns.max_restarts} is negative", "use 0 (no restarts) or more.")
+    if ns.module:
+        source_file = scripts.module_file(ns.script)
+    else:
+        source_file = scripts.check_script(ns.script)
+    spelling = scripts.local_rank_spelling(scripts.read_source(source_file)) if source_file else None
+    return Plan(
+        nproc=nproc,
+        nnodes=ns.nnodes,
+        max_nodes=max_nodes,
+        elastic=min_nodes != max_nodes,
+        node_rank=ns.node_rank,
+        master_addr=ns.master_addr,
+        master_port=ns.master_port,
+        gpus=gpus,
+        max_restarts=ns.max_restarts,
+        log_dir=ns.log_dir,
+        timeout=ns.timeout,
+        module=ns.module,
+        target=ns.script,
+        target_args=list(ns.script_args),
+        local_rank_arg=spelling,
+    )
+
+
+def torchrun_argv(plan: Plan, port: int) -> list[str]:
+    """The command line torchrun's own parser gets, so its defaults and checks all apply."""
+    argv = ["--nnodes", plan.nnodes, "--nproc-per-node", plan.nproc, "--max-restarts", str(plan.max_restarts)]
+    if plan.elastic:
+        # Elastic membership needs the c10d rendezvous (torch/distributed/run.py, "Elastic").
+        # Once MIN nodes are in, it waits last_call_timeout (30 s by default) for more; keep
+        # that inside --timeout or every join would time out.
+        last_call = min(30, max(1, plan.timeout // 2))
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{plan.master_addr}:{port}",
+                 "--rdzv-id", f"ringtrain-{port}",
+                 "--rdzv-conf", f"join_timeout={plan.timeout},last_call_timeout={last_call}"]
+    else:
+        # Static rendezvous: explicit ranks and master, and a bounded wait for the other nodes.
+        argv += ["--rdzv-backend", "static", "--node-rank", str(plan.node_rank), "--master-addr",
+                 plan.master_addr, "--master-port", str(port), "--rdzv-conf", f"timeout={plan.timeout}"]
+    if plan.log_dir:
+        argv += ["--log-dir", plan.log_dir]
+    mode = "module" if plan.module else "path"
+    return argv + [WORKER, mode, plan.local_rank_arg or "none", plan.target, *plan.target_args]
+
+
+def _rendezvous_failure(plan: Plan, port: int, error: BaseException) -> RingtrainError:
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    where = f"{plan.master_addr}:{port}"
+    if plan.node_rank == 0 and not plan.elastic:
+        hint = (f"start `ringtrain run --node-rank R` with the same --nnodes/--master-addr/--master-port on "
+                f"the other {plan.max_nodes - 1} node(s) within --timeout ({plan.timeout} s).")
+        what = f"node 0 waited for the other nodes of {plan.nnodes} at {where} and gave up"
+    else:
+        hint = (f"check that node 0 is running and that {where} is reachable from here "
+                f"(`nc -zv {plan.master_addr} {port}`); raise --timeout if node 0 starts later.")
+        what = f"could not join the rendezvous at {where}"
+    return RingtrainError(f"{what} after --timeout {plan.timeout} s: {first_line}", hint)
+
+
+def execute(plan: Plan) -> int:
+    """Run the job through torchrun's agent in this process; return the exit code."""
+    # torch is imported here, not at module level: `--help` and argument errors stay fast.
+    import torch.distributed.run as torchrun
+    from torch.distributed import DistError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
+    from .ports import host_store
+    from .report import format_child_failure
+
+    store = None  # node 0's TCPStore, held open until the job ends
+    port = plan.master_port
+    if not plan.elastic and plan.node_rank == 0:
+        # A single node with no port given gets a free one (port 0); several nodes default to
+        # torchrun's 29500 so that every node computes the same port.
+        wanted = port if port is not None else (0 if plan.max_nodes == 1 else TORCHRUN_DEFAULT_PORT)
+        store, port = host_store(plan.master_addr, wanted, plan.timeout)
+    elif port is None:
+        port = TORCHRUN_DEFAULT_PORT
+    if plan.gpus is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, plan.gpus))
+
+    args = torchrun.parse_args(torchrun_argv(plan, port))
+    try:
+        # run(), not main(): main's @record would print torchelastic's own failure summary.
+        torchrun.run(args)
+    except ChildFailedError as e:
+        print(format_child_failure(e, plan.node_rank), file=sys.stderr)
+        return 1
+    except SignalException as e:
+        print(f"ringtrain run: stopped by {e.sigval.name}; all workers on this node were stopped.", file=sys.stderr)
+        return 128 + int(e.sigval)
+    except (DistError, RendezvousError) as e:
+        raise _rendezvous_failure(plan, port, e) from e
+    finally:
+        del store
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        plan = plan_from_args(ns)
+    except RingtrainError as e:
+        print(f"ringtrain run: {e}", file=sys.stderr)
+        return 2
+    try:
+        return execute(plan)
+    except RingtrainError as e:
+        print(f"ringtrain run: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,99 @@
+"""Look at the user's script before launching it: where it is, and which ``--local_rank`` it wants.
+
+Old launchers (``torch.distributed.launch`` without ``--use-env``) passed the local rank as
+a command-line argument, so a generation of tutorials parse it strictly::
+
+    parser.add_argument("--local_rank", type=int)
+    args = parser.parse_args()
+
+torch 2.0 changed the spelling it passes to ``--local-rank`` and scripts that declare only
+``--local_rank`` die with "unrecognized arguments: --local-rank=0" (the "versionchanged::
+2.0.0" note atop torch/distributed/run.py; reports such as XPixelGroup/BasicSR#626 and
+microsoft/LoRA#79). Scripts written for torchrun read
+``LOCAL_RANK`` from the environment instead and declare neither, so passing any spelling
+to them is just as fatal. The only safe rule is to pass exactly the spelling the script
+declares, and nothing when it declares none. Reading the source is a heuristic, but the
+declaration is almost always a literal in an ``add_argument(`` call.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+
+from ..errors import RingtrainError
+
+DASHED = "--local-rank"
+UNDERSCORED = "--local_rank"
+
+# add_argument( ... "--local_rank" | '--local-rank' ...  -- the flag may sit on a later line
+# of the call, after other option strings, but before the call's closing parenthesis.
+_DECLARATION = re.compile(r"""add_argument\(\s*[^)]*?(['"])(--local[-_]rank)\1""")
+
+
+def local_rank_spelling(source: str) -> str | None:
+    """The ``--local_rank`` spelling a script's argparse declares: DASHED, UNDERSCORED or None.
+
+    When both are declared (``add_argument("--local-rank", "--local_rank")``, what torch's
+    docs recommend) the dashed one, which is what torchrun itself would pass.
+    """
+    found = {match.group(2) for match in _DECLARATION.finditer(source)}
+    if DASHED in found:
+        return DASHED
+    if UNDERSCORED in found:
+        return UNDERSCORED
+    return None
+
+
+def read_source(path: str) -> str:
+    """The text of ``path``, or "" when it is not readable text (a compiled module, a zip)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def check_script(path: str) -> str:
+    """Fail early (exit code 2) when the script to launch does not exist."""
+    if not os.path.exists(path):
+        raise RingtrainError(
+            f"training script {path!r} does not exist (looked from {os.getcwd()})",
+            "give the path to a .py file, relative to the current directory, or use -m for a module.",
+        )
+    return path
+
+
+def module_file(name: str) -> str | None:
+    """The file ``python -m name`` would run, found the way the worker will look for it.
+
+    Workers run modules with ``sys.path[0]`` = the current directory, like ``python -m``,
+    so look there first. For a package, ``-m`` runs its ``__main__`` module. Returns None
+    when the module exists but its source cannot be located (a namespace package, a
+    compiled extension), or when importing a parent package fails: that error belongs in
+    the workers' traceback, not here.
+    """
+    sys.path.insert(0, os.getcwd())
+    try:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec = importlib.util.find_spec(name + ".__main__")
+    except ModuleNotFoundError as e:
+        raise _no_module(name) from e
+    except Exception:  # a parent package failed to import: let the worker show its traceback
+        return None
+    finally:
+        sys.path.pop(0)
+    if spec is None:
+        raise _no_module(name)
+    return spec.origin if spec.origin and os.path.isfile(spec.origin) else None
+
+
+def _no_module(name: str) -> RingtrainError:
+    return RingtrainError(
+        f"no module named {name!r} (searched the current directory {os.getcwd()} and sys.path)",
+        "run from the directory that contains the package, or add it to PYTHONPATH; "
+        "for a package, -m runs its __main__.py.",
+    )

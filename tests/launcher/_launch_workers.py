@@ -1,0 +1,40 @@
+"""Functions `ringtrain.launch` runs in child processes; importable, so "spawn" can pickle them."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def all_reduce_rank(scale: float) -> dict:
+    """Join the job the way torchrun workers do, all_reduce, and report what this rank saw."""
+    from ringtrain.environments import detect
+
+    env = detect()
+    dist.init_process_group("gloo")  # env:// from the variables launch() sets
+    t = torch.tensor([scale * (dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    out = {
+        "rank": dist.get_rank(),
+        "world": dist.get_world_size(),
+        "sum": t.item(),
+        "env": (env.name, env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank),
+        "pid": os.getpid(),
+    }
+    dist.destroy_process_group()
+    return out
+
+
+def fail_on_rank_one() -> None:
+    if int(os.environ["RANK"]) == 1:
+        raise ValueError("boom from rank one")
+    time.sleep(60)  # rank 0 must be stopped by the launcher, not finish on its own
+
+
+def hang(pid_dir: str) -> None:
+    with open(os.path.join(pid_dir, f"{os.environ['RANK']}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)

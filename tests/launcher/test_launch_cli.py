@@ -1,0 +1,90 @@
+"""The `ringtrain` command's cheap paths: manuals, `env`, and arguments refused before anything starts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from _launch_util import ALLREDUCE, outputs, run_ringtrain, write
+
+from ringtrain.launcher import cli, run
+
+
+def test_top_level_help_lists_the_commands(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "run" in out and "env" in out
+
+
+def test_unknown_command_exits_2_with_a_hint(capsys):
+    assert cli.main(["runn"]) == 2
+    assert "HINT:" in capsys.readouterr().err
+
+
+def test_run_help_is_the_manual(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["run", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for section in ("Usage", "Examples", "Environment variables set for workers", "Failure modes", "--nproc-per-node"):
+        assert section in out
+    options = out.split("options:")[1].split("Usage")[0]
+    assert "--nproc_per_node" not in options  # the alias works but stays out of the option list
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--nproc-per-node", "0"], "--nproc-per-node 0"),
+        (["--nproc-per-node", "-3"], "--nproc-per-node -3"),
+        (["--nproc-per-node", "many"], "'many'"),
+        (["--node-rank", "2", "--nnodes", "2"], "--node-rank 2"),
+        (["--nnodes", "3:2"], "--nnodes '3:2'"),
+        (["--gpus", "0,x"], "--gpus '0,x'"),
+        (["--gpus", "0,1", "--nproc-per-node", "3"], "--gpus lists only 2"),
+        (["--master-port", "70000"], "--master-port 70000"),
+        (["--timeout", "0"], "--timeout 0"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_hint(tmp_path, capsys, argv, needle):
+    script = write(tmp_path / "train.py", ALLREDUCE)
+    assert run.main([*argv, str(script)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "HINT:" in err, err
+
+
+def test_missing_script_and_module_exit_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run.main(["--nproc-per-node", "2", "no_such_script.py"]) == 2
+    err = capsys.readouterr().err
+    assert "no_such_script.py" in err and "HINT:" in err
+    assert run.main(["-m", "no_such_module_xyz"]) == 2
+    err = capsys.readouterr().err
+    assert "no_such_module_xyz" in err and "HINT:" in err
+
+
+def test_unknown_flag_exits_2_with_a_hint(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run.main(["--nproc", "2", "train.py"])  # abbreviations are refused, not guessed
+    assert exit_info.value.code == 2
+    assert "HINT:" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_bad_arguments_through_the_console_are_fast(tmp_path):
+    start = time.monotonic()
+    proc = run_ringtrain("run", "--nproc-per-node", "0", str(tmp_path / "missing.py"), timeout=45)
+    assert proc.returncode == 2, outputs(proc)
+    assert "HINT:" in proc.stderr and "Traceback" not in proc.stderr, outputs(proc)
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.timeout(60)
+def test_env_reports_versions_and_backends():
+    import torch
+
+    proc = run_ringtrain("env", timeout=45)
+    assert proc.returncode == 0, outputs(proc)
+    assert torch.__version__ in proc.stdout
+    assert "gloo" in proc.stdout
+    assert "detected environment" in proc.stdout

@@ -1,0 +1,75 @@
+"""`ringtrain.launch(fn, nprocs)`: in-process spawn with torchrun's environment, results, errors, timeout."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+import _launch_workers
+import pytest
+
+import ringtrain
+from ringtrain import RingtrainError
+
+
+@pytest.mark.timeout(120)
+def test_returns_every_ranks_result_with_the_torchrun_environment():
+    out = ringtrain.launch(_launch_workers.all_reduce_rank, 2, args=(10.0,))
+    assert [r["rank"] for r in out] == [0, 1]
+    assert all(r["world"] == 2 and r["sum"] == 30.0 for r in out)
+    # detect() sees the same contract as under torchrun: the TorchElastic class, env:// init.
+    assert [r["env"][1:] for r in out] == [(0, 0, 2, 2, 0), (1, 1, 2, 2, 0)]
+    assert out[0]["pid"] != out[1]["pid"] != os.getpid()
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_raises_is_named_with_its_traceback():
+    start = time.monotonic()
+    with pytest.raises(RingtrainError) as info:
+        ringtrain.launch(_launch_workers.fail_on_rank_one, 2)
+    message = str(info.value)
+    assert "rank 1" in message and "ValueError: boom from rank one" in message and "Traceback" in message
+    assert "HINT:" in message
+    assert time.monotonic() - start < 45  # rank 0 (sleeping 60 s) was stopped, not waited for
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_hang_is_killed_at_the_timeout(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(RingtrainError) as info:
+        ringtrain.launch(_launch_workers.hang, 2, args=(str(tmp_path),), timeout=5)
+    assert time.monotonic() - start < 30
+    assert "timeout=5" in str(info.value) and "HINT:" in str(info.value)
+    # Ranks that got as far as fn wrote their pid (on a loaded machine one may still have
+    # been importing torch when it was killed: the check below covers it either way).
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # gone, and reaped
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("nprocs", [0, -1, 1.5, True])
+def test_nprocs_must_be_a_positive_integer(nprocs):
+    with pytest.raises(RingtrainError, match="nprocs") as info:
+        ringtrain.launch(_launch_workers.hang, nprocs)
+    assert "HINT:" in str(info.value)
+
+
+def test_a_busy_master_port_is_named(tmp_path):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as holder:
+        port = holder.getsockname()[1]
+        with pytest.raises(RingtrainError, match=str(port)):
+            ringtrain.launch(_launch_workers.hang, 1, args=(str(tmp_path),), master_port=port)
+    assert list(tmp_path.iterdir()) == []  # nothing was started
+
+
+@pytest.mark.timeout(120)
+def test_fork_start_method_works_too():
+    # What a notebook gets by default (its functions cannot be re-imported by "spawn").
+    out = ringtrain.launch(_launch_workers.all_reduce_rank, 2, args=(1.0,), start_method="fork")
+    assert [(r["rank"], r["sum"]) for r in out] == [(0, 3.0), (1, 3.0)]
