@@ -185,3 +185,62 @@ def seeded_streams() -> tuple:
     after = torch.rand(3)
     ring.close()
     return before, after
+
+
+def different_model_on_rank_one() -> str:
+    ring = rt.Ring()
+    model = small_model() if ring.rank == 0 else nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 4))
+    try:
+        ring.setup(model)
+    except rt.RingtrainError as e:
+        return str(e)
+    finally:
+        ring.close()
+    return ""
+
+
+def nan_on_rank(bad_rank: int, nonfinite: str, steps: int = 4) -> tuple:
+    """Train a few steps where ``bad_rank`` gets a NaN loss at step 2; return (params, steps, skipped) or the error."""
+    ring = rt.Ring(seed=0, nonfinite=nonfinite)
+    model = small_model()
+    model, optimizer = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = regression_data(8).tensors
+    try:
+        for step in range(steps):
+            loss = F.cross_entropy(model(x), y)
+            if step == 2 and ring.rank == bad_rank:
+                loss = loss * float("nan")
+            ring.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    except rt.RingtrainError as e:
+        return ("error", str(e))
+    finally:
+        ring.close()
+    return flat_params(model), ring.optimizer_steps, ring.accumulator.skipped_steps
+
+
+def periodic(folder: str, epochs: int, stop_at_step: int | None = None, save_every: int = 2) -> tuple:
+    """Train with checkpoint_dir/save_every; stop (as if killed) right after ``stop_at_step``.
+
+    Returns (params, every sample index seen, in order, as (epoch, index) pairs).
+    """
+    ring = rt.Ring(seed=0, checkpoint_dir=folder, save_every=save_every, keep_last=2)
+    model = small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, optimizer = ring.setup(model, optimizer)
+    n = 40
+    data = TensorDataset(regression_data(n).tensors[0], regression_data(n).tensors[1], torch.arange(n))
+    loader = ring.loader(data, batch_size=4, shuffle=True)
+    seen = []
+    for epoch in ring.epochs(epochs):
+        for x, y, idx in loader:
+            seen += [(epoch, int(i)) for i in idx]
+            ring.backward(F.cross_entropy(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+            if stop_at_step is not None and ring.optimizer_steps == stop_at_step:
+                ring.close()
+                return flat_params(model), seen
+    ring.close()
+    return flat_params(model), seen

@@ -13,6 +13,7 @@ one). Reading uses ``weights_only=True``, so a checkpoint can never run code.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import tempfile
@@ -156,3 +157,67 @@ def load_model_state(model: torch.nn.Module, state_dict: Mapping[str, Any], path
             "load it into the same model architecture it was saved from (same constructor arguments).",
         )
     model.load_state_dict(state_dict)
+
+
+class CheckpointDir:
+    """A folder of periodic checkpoints: the last ``keep_last`` complete ones and a manifest.
+
+    A checkpoint counts only once the manifest lists it, and the manifest is
+    rewritten atomically *after* the checkpoint file is on disk — so a crash at
+    any moment leaves the previous complete checkpoint as the latest one, never
+    a partial file. Only the main process writes here.
+    """
+
+    MANIFEST = "manifest.json"
+
+    def __init__(self, folder: str | os.PathLike, keep_last: int = 3):
+        if not isinstance(keep_last, int) or keep_last < 1:
+            raise RingtrainError(f"Ring got keep_last={keep_last!r}", "keep at least 1 checkpoint.")
+        self.folder = os.fspath(folder)
+        self.keep_last = keep_last
+
+    def prepare(self) -> None:
+        """Create the folder and remove temporary files a crash left behind (main process)."""
+        os.makedirs(self.folder, exist_ok=True)
+        for name in os.listdir(self.folder):
+            if name.startswith(".") and name.endswith(".tmp"):
+                os.unlink(os.path.join(self.folder, name))
+
+    def _entries(self) -> list[dict[str, Any]]:
+        path = os.path.join(self.folder, self.MANIFEST)
+        if not os.path.isfile(path):
+            return []
+        try:
+            with open(path) as f:
+                entries = json.load(f)["checkpoints"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise RingtrainError(
+                f"the checkpoint manifest {path!r} is unreadable ({type(e).__name__}: {e})",
+                "it is only ever replaced atomically, so something else wrote it: restore it or delete the folder.",
+            ) from e
+        return [e for e in entries if os.path.isfile(os.path.join(self.folder, e["file"]))]
+
+    def latest(self) -> str | None:
+        """Path of the newest complete checkpoint, or None."""
+        entries = self._entries()
+        return os.path.join(self.folder, entries[-1]["file"]) if entries else None
+
+    def path_for(self, step: int) -> str:
+        return os.path.join(self.folder, f"step-{step:09d}.pt")
+
+    def commit(self, path: str, **info: Any) -> None:
+        """Record ``path`` (already written) as the newest checkpoint; drop the oldest beyond keep_last."""
+        name = os.path.basename(path)
+        entries = [e for e in self._entries() if e["file"] != name] + [{"file": name, **info}]
+        keep, drop = entries[-self.keep_last :], entries[: -self.keep_last]
+        manifest = os.path.join(self.folder, self.MANIFEST)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.MANIFEST}.", suffix=".tmp", dir=self.folder)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"format": FORMAT, "checkpoints": keep}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, manifest)
+        for entry in drop:
+            stale = os.path.join(self.folder, entry["file"])
+            if os.path.exists(stale):
+                os.unlink(stale)

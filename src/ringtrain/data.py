@@ -147,13 +147,14 @@ class RingLoader:
         self._resumed_batches = 0
         self.per_device_batch = loader.batch_size  # the ring sets it when one process drives several devices
         self.pass_length = 0  # batches in the current pass, resumed-over ones included
-        # Called with this loader before each batch is handed out (the ring's accumulation
-        # window needs to know when an epoch is about to end).
+        # Called with this loader before each batch is handed out, when everything done
+        # with the previous batch is finished: the ring's accumulation window needs to
+        # know when an epoch is about to end, and a periodic checkpoint is taken there.
         self.listener: Callable[["RingLoader"], None] | None = None
 
     def remaining(self) -> int | None:
-        """Batches left in the current pass, the one being handed out included (None: a stream)."""
-        return self.pass_length - self.batches_seen + 1 if self.pass_length >= 0 else None
+        """Batches left in the current pass, the next one included (None: a stream)."""
+        return self.pass_length - self.batches_seen if self.pass_length >= 0 else None
 
     # The DataLoader's public face, for code that inspects it.
     @property
@@ -195,9 +196,9 @@ class RingLoader:
         self.finished = False
         try:
             for batch in self.loader:
-                self.batches_seen += 1
                 if self.listener is not None:
                     self.listener(self)
+                self.batches_seen += 1
                 yield move_to_device(batch, self.device, self._non_blocking) if self.device.type != "cpu" else batch
             self.finished = True
         finally:

@@ -38,6 +38,8 @@ class Accumulator:
         self.sync_now = True  # did the last backward end a window?
         self.just_stepped = False  # was the optimizer stepped since the last backward?
         self.optimizer_steps = 0
+        self.drop_window = False  # set when a non-finite loss is skipped: the window's step is dropped
+        self.skipped_steps = 0
         self._lrs: list[float] | None = None
 
     def boundary_ahead(self, remaining: int | None) -> bool:
@@ -78,6 +80,7 @@ def wrap_optimizer(
     optimizer: torch.optim.Optimizer,
     accumulator: Accumulator,
     scaler: torch.amp.GradScaler,
+    after_step: Callable[[], None] = lambda: None,
 ) -> torch.optim.Optimizer:
     """Gate ``optimizer.step`` / ``zero_grad`` on ``accumulator``'s boundaries, in place; return it.
 
@@ -102,6 +105,11 @@ def wrap_optimizer(
             return previous_step(closure) if closure is not None else previous_step()
         if not accumulator.sync_now:
             return None
+        if accumulator.drop_window:
+            # ring.backward saw a non-finite loss in this window (nonfinite="skip").
+            accumulator.drop_window = False
+            accumulator.skipped_steps += 1
+            return None
         if scaler.is_enabled():
             # The scaler unscales (unless clipping already did), skips the step if any
             # gradient is inf/NaN and lowers the scale; update() raises it again later.
@@ -115,6 +123,7 @@ def wrap_optimizer(
             result = previous_step(closure) if closure is not None else previous_step()
         accumulator.optimizer_steps += 1
         accumulator.just_stepped = True
+        after_step()
         return result
 
     @functools.wraps(previous_zero_grad)

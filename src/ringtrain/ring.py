@@ -50,6 +50,14 @@ class Ring:
     BatchNorm so statistics cover the global batch; ``deterministic`` turns on
     torch's deterministic algorithms; ``cudnn_benchmark`` (default: on unless
     deterministic) lets cuDNN pick the fastest convolution for fixed shapes.
+
+    ``checkpoint_dir`` with ``save_every=N`` saves every N optimizer steps
+    (keeping ``keep_last``), and a ring started again with the same folder —
+    e.g. by ``ringtrain run --max-restarts`` after a worker died — resumes from
+    the newest complete checkpoint in ``setup``, mid-epoch included.
+    ``nonfinite``: what a NaN/inf loss does — ``"raise"`` (stop, naming the
+    step), ``"skip"`` (every rank drops that accumulation window's step) or
+    ``"ignore"``.
     """
 
     def __init__(
@@ -68,6 +76,10 @@ class Ring:
         sync_batchnorm: bool = False,
         deterministic: bool = False,
         cudnn_benchmark: bool | None = None,
+        checkpoint_dir: str | None = None,
+        save_every: int | None = None,
+        keep_last: int = 3,
+        nonfinite: str = "raise",
     ):
         self.strategy = choose_strategy(
             strategy,
@@ -93,9 +105,24 @@ class Ring:
         if torch.backends.cudnn.is_available():
             torch.backends.cudnn.benchmark = (not deterministic) if cudnn_benchmark is None else cudnn_benchmark
             torch.backends.cudnn.deterministic = deterministic
+        if nonfinite not in ("raise", "skip", "ignore"):
+            raise RingtrainError(f"Ring got nonfinite={nonfinite!r}", "use 'raise', 'skip' or 'ignore'.")
+        self.nonfinite = nonfinite
+        self._finite_flags: list[tuple[torch.Tensor, int, int | None]] = []
+        if save_every is not None and (not isinstance(save_every, int) or save_every < 1 or checkpoint_dir is None):
+            raise RingtrainError(
+                f"Ring got save_every={save_every!r} with checkpoint_dir={checkpoint_dir!r}",
+                "save_every is a positive number of optimizer steps and needs checkpoint_dir=... to save into.",
+            )
+        self.checkpoints = checkpoint.CheckpointDir(checkpoint_dir, keep_last) if checkpoint_dir else None
+        self.save_every = save_every
+        self._save_due = False
+        self._autosave_targets: dict[str, Any] = {}
+        if self.checkpoints is not None and self.is_main:
+            self.checkpoints.prepare()
         self._models: list[nn.Module] = []
         self._optimizers: list[torch.optim.Optimizer] = []
-        self._active_loader: RingLoader | None = None
+        self._remaining_batches: int | None = None
         self._sync_off: dict[int, Any] = {}  # open no_sync regions, by id of the wrapped model
         self._loaders: list[RingLoader] = []
         self._loader_resume: list[dict[str, Any]] = []
@@ -201,6 +228,7 @@ class Ring:
             from .syncbn import convert_sync_batchnorm
 
             model = convert_sync_batchnorm(model)
+        self._check_same_model(model)
         # Move before wrapping: DDP and DataParallel need the module on its device first.
         model = model.to(self.device)
         self.precision.wrap_forward(model)
@@ -212,14 +240,61 @@ class Ring:
             # Same weights everywhere came from the shared seed (and DDP's broadcast);
             # from here on each rank draws its own random stream (dropout, augmentation).
             seed_everything(self.seed + self.rank)
-        if optimizer is None:
-            return wrapped
-        self._move_optimizer_state(optimizer)
-        optimizer = wrap_optimizer(optimizer, self.accumulator, self.precision.scaler)
-        self._optimizers.append(optimizer)
-        if scheduler is None:
-            return wrapped, optimizer
-        return wrapped, optimizer, RingScheduler(scheduler, self.accumulator)
+        suffix = str(len(self._models) - 1) if len(self._models) > 1 else ""
+        targets: dict[str, Any] = {f"model{suffix}": wrapped}
+        if optimizer is not None:
+            self._move_optimizer_state(optimizer)
+            optimizer = wrap_optimizer(optimizer, self.accumulator, self.precision.scaler, self._after_step)
+            self._optimizers.append(optimizer)
+            targets[f"optimizer{suffix}"] = optimizer
+        if scheduler is not None:
+            scheduler = RingScheduler(scheduler, self.accumulator)
+            targets[f"scheduler{suffix}"] = scheduler
+        if self.checkpoints is not None:
+            self._autosave_targets.update(targets)
+            self._resume_from_checkpoint_dir(targets)
+        return (wrapped,) + tuple(t for t in (optimizer, scheduler) if t is not None) if optimizer is not None else wrapped
+
+    def _check_same_model(self, model: nn.Module) -> None:
+        """Every rank must hold the same architecture before DDP compares (or hangs on) it."""
+        if self.world_size == 1:
+            return
+        mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
+        everyone = self.strategy.gather_object(mine)
+        for rank, theirs in enumerate(everyone):
+            if theirs == everyone[0]:
+                continue
+            first = next(
+                (f"{a} on rank 0 vs {b} on rank {rank}" for a, b in zip(everyone[0], theirs) if a != b),
+                f"rank 0 has {len(everyone[0])} parameters, rank {rank} has {len(theirs)}",
+            )
+            raise RingtrainError(
+                f"rank {rank} set up a different model than rank 0: first difference: {first}",
+                "build the same model (same code and constructor arguments) on every rank before ring.setup.",
+            )
+
+    def _resume_from_checkpoint_dir(self, targets: dict[str, Any]) -> None:
+        latest = self.checkpoints.latest() if self.is_main else None  # type: ignore[union-attr]
+        latest = self.strategy.broadcast_object(latest)
+        if latest is None:
+            return
+        self.load(latest, **targets)
+        self.print(f"ringtrain: resumed from {latest} (epoch {self._resume_epoch}, step {self.optimizer_steps})")
+
+    def _after_step(self) -> None:
+        if self.save_every and self.accumulator.optimizer_steps % self.save_every == 0:
+            # Saved when the next batch is asked for: by then the user's scheduler.step()
+            # and zero_grad() for this step have run too.
+            self._save_due = True
+
+    def _autosave(self) -> None:
+        self._save_due = False
+        self._check_finite(force=True)
+        step = self.accumulator.optimizer_steps
+        path = self.checkpoints.path_for(step)  # type: ignore[union-attr]
+        self.save(path, **self._autosave_targets)
+        if self.is_main:
+            self.checkpoints.commit(path, step=step, epoch=self._epoch)  # type: ignore[union-attr]
 
     def _move_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
         for state in optimizer.state.values():
@@ -280,14 +355,21 @@ class Ring:
                 for made in self._loaders:
                     made.set_epoch(epoch)
                 yield epoch
+                self._check_finite(force=True)
+            if self._save_due:
+                self._autosave()
         finally:
             self._epoch = None
 
     def _note_loader(self, made: RingLoader) -> None:
-        self._active_loader = made
+        """A ring loader is about to hand out a batch; the previous step is complete."""
+        self._remaining_batches = made.remaining()
+        if self._save_due:
+            self._autosave()
 
     def _remaining(self) -> int | None:
-        return self._active_loader.remaining() if self._active_loader is not None else None
+        """Batches left in the loader's pass, counting the one being trained on."""
+        return self._remaining_batches
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         """Inside a window, run forward and backward under the strategy's ``no_sync``."""
@@ -309,6 +391,7 @@ class Ring:
         last micro-batch: one all-reduce per optimizer step, not per micro-batch.
         """
         self.accumulator.check_lr(self._optimizers)
+        skip = self._nonfinite_skip(loss)
         divisor, _ = self.accumulator.next_backward(self._remaining())
         scaled = self.precision.scaler.scale(loss / divisor if divisor > 1 else loss)
         try:
@@ -317,7 +400,44 @@ class Ring:
             for region in self._sync_off.values():
                 region.__exit__(None, None, None)
             self._sync_off.clear()
+        if skip:
+            # Backward still ran (DDP expects it); its NaNs are wiped and the window's step dropped.
+            for model in self._models:
+                for p in model.parameters():
+                    if p.grad is not None:
+                        p.grad.zero_()
+            self.accumulator.drop_window = True
         self._last_loss = loss.detach()
+
+    def _nonfinite_skip(self, loss: torch.Tensor) -> bool:
+        """Apply ``nonfinite``; True when this micro-batch's window must be dropped."""
+        if self.nonfinite == "ignore":
+            return False
+        finite = torch.isfinite(loss.detach()).all()
+        if self.nonfinite == "skip":
+            # Every rank must agree, or one would step while another skips.
+            return bool(self.strategy.all_reduce(finite.to(torch.int32), op="min").item() == 0)
+        # "raise": on the CPU a check costs nothing; on a GPU reading it would stall the
+        # queue every step, so flags are kept on the device and read every 32 steps.
+        self._finite_flags.append((finite, self.accumulator.optimizer_steps, self._epoch))
+        self._check_finite(force=self.device.type == "cpu" or len(self._finite_flags) >= 32)
+        return False
+
+    def _check_finite(self, force: bool) -> None:
+        if not force or not self._finite_flags:
+            return
+        flags, self._finite_flags = self._finite_flags, []
+        ok = torch.stack([f for f, _, _ in flags]).tolist()
+        if all(ok):
+            return
+        _, step, epoch = flags[ok.index(False)]
+        raise RingtrainError(
+            f"the loss was NaN or infinite at optimizer step {step}"
+            + (f" (epoch {epoch})" if epoch is not None else "")
+            + f" on rank {self.rank}",
+            "lower the learning rate, clip gradients (ring.clip_grad_norm_), check the data for NaNs, or use "
+            "Ring(nonfinite='skip') to drop such steps on every rank.",
+        )
 
     def clip_grad_norm_(self, model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip gradients to ``max_norm`` on accumulation boundaries (unscaling fp16 gradients first).
