@@ -244,3 +244,29 @@ def periodic(folder: str, epochs: int, stop_at_step: int | None = None, save_eve
                 return flat_params(model), seen
     ring.close()
     return flat_params(model), seen
+
+
+def misbehave(mode: str) -> tuple:
+    """Under debug_collectives: rank 1 calls the wrong thing (or nothing); return (error, seconds)."""
+    import time
+
+    ring = rt.Ring(debug_collectives=4)
+    start = time.monotonic()
+    try:
+        ring.all_reduce(torch.ones(2), op="sum")  # a good round first
+        if mode == "skip":
+            if ring.rank == 0:
+                ring.all_reduce(torch.ones(3), op="sum")
+            ring.barrier()
+        elif mode == "shape":
+            ring.all_reduce(torch.ones(3 + ring.rank), op="sum")
+        elif mode == "absent":
+            if ring.rank == 1:
+                time.sleep(8)
+                return ("slept", 0.0)
+            ring.barrier()
+    except rt.RingtrainError as e:
+        return (str(e), time.monotonic() - start)
+    finally:
+        ring.close()
+    return ("", time.monotonic() - start)

@@ -5,16 +5,87 @@ is added here is what it lacks — op names as strings, ``mean``, and ``all_gath
 of tensors whose first dimension differs per rank (the last batch of an exact
 evaluation loader). On one process every function is the identity, so the same
 training loop runs unchanged.
+
+A failing collective (a peer died, a timeout) becomes a ``RingtrainError`` that
+names the call. With a ``Checker`` (``Ring(debug_collectives=True)``), every rank
+first posts what it is about to call to the rendezvous store and waits for all
+the others' posts: a rank that calls something else, or never arrives, is
+named on every rank instead of hanging or returning garbage.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import datetime
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
 
 from .errors import RingtrainError
+
+_DEBUG_HINT = (
+    "a peer rank may have died, be stuck elsewhere, or have called a different collective; rerun with "
+    "Ring(debug_collectives=True) (or RINGTRAIN_DEBUG_COLLECTIVES=1) to name the rank and its call."
+)
+
+
+class Checker:
+    """Descriptor exchange through the job's store before each collective (debug mode).
+
+    Every rank writes ``check/<n>/<rank>`` = what it is about to call, then waits
+    up to ``timeout`` seconds for all ranks' keys of round n. The wait needs no
+    collective of its own, so a missing rank cannot hang it, and every rank reads
+    the same keys, so every rank raises the same error.
+    """
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: float):
+        self.store, self.rank, self.world_size, self.timeout = store, rank, world_size, timeout
+        self.round = 0
+
+    def __call__(self, call: str) -> None:
+        self.round += 1
+        n = self.round
+        keys = [f"check/{n}/{r}" for r in range(self.world_size)]
+        self.store.set(keys[self.rank], call)
+        try:
+            self.store.wait(keys, datetime.timedelta(seconds=self.timeout))
+        except (RuntimeError, TimeoutError) as e:  # DistStoreError is a RuntimeError
+            arrived = {r: self.store.get(k).decode() for r, k in enumerate(keys) if self.store.check([k])}
+            missing = [r for r in range(self.world_size) if r not in arrived]
+            raise RingtrainError(
+                f"collective #{n}: rank(s) {missing} never arrived within {self.timeout:g}s; "
+                + "; ".join(f"rank {r} called {c}" for r, c in sorted(arrived.items())),
+                "the missing rank(s) skipped this collective (a branch on rank, an early return or "
+                "break) or are stuck or dead: every rank must make the same collective calls in the same order.",
+            ) from e
+        calls = [self.store.get(k).decode() for k in keys]
+        if len(set(calls)) > 1:
+            raise RingtrainError(
+                f"collective #{n} differs across ranks: " + "; ".join(f"rank {r} called {c}" for r, c in enumerate(calls)),
+                "every rank must call the same collective with the same dtype and shape (all_gather: same "
+                "trailing dimensions) in the same order.",
+            )
+        if n > 2:
+            # Every rank has posted round n, so all have finished reading round n-2.
+            with contextlib.suppress(RuntimeError):
+                self.store.delete_key(f"check/{n - 2}/{self.rank}")
+
+
+@contextlib.contextmanager
+def _named(call: str, check: Checker | None) -> Iterator[None]:
+    if check is not None:
+        check(call)
+    try:
+        yield
+    except RuntimeError as e:  # DistBackendError and friends
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise RingtrainError(f"{call} failed on rank {dist.get_rank()}: {first}", _DEBUG_HINT) from e
+
+
+def _describe(t: torch.Tensor, skip_first: bool = False) -> str:
+    shape = list(t.shape[1:]) if skip_first else list(t.shape)
+    return f"{str(t.dtype).replace('torch.', '')}{shape}" + (" (any first dim)" if skip_first else "")
 
 _OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -32,7 +103,7 @@ def _as_tensor(x: Any) -> torch.Tensor:
     return x if isinstance(x, torch.Tensor) else torch.tensor(x)
 
 
-def all_reduce(x: Any, op: str = "mean") -> torch.Tensor:
+def all_reduce(x: Any, op: str = "mean", check: Checker | None = None) -> torch.Tensor:
     """Reduce ``x`` over all ranks and return the result (the input is not modified)."""
     if op not in _OPS:
         raise RingtrainError(
@@ -45,13 +116,14 @@ def all_reduce(x: Any, op: str = "mean") -> torch.Tensor:
     out = tensor.detach().clone()
     if op == "mean" and not out.is_floating_point():
         out = out.double()
-    dist.all_reduce(out, op=_OPS[op])
+    with _named(f"all_reduce(op={op}, {_describe(tensor)})", check):
+        dist.all_reduce(out, op=_OPS[op])
     if op == "mean":
         out /= dist.get_world_size()
     return out
 
 
-def all_gather(x: Any) -> torch.Tensor:
+def all_gather(x: Any, check: Checker | None = None) -> torch.Tensor:
     """Concatenate ``x`` from every rank along dim 0, in rank order.
 
     First dimensions may differ per rank (other dimensions must agree): sizes are
@@ -67,7 +139,8 @@ def all_gather(x: Any) -> torch.Tensor:
     device = tensor.device
     local_size = torch.tensor([tensor.shape[0]], device=device, dtype=torch.long)
     sizes = [torch.zeros_like(local_size) for _ in range(world)]
-    dist.all_gather(sizes, local_size)
+    with _named(f"all_gather({_describe(tensor, skip_first=True)})", check):
+        dist.all_gather(sizes, local_size)
     sizes_list = [int(s.item()) for s in sizes]
     largest = max(sizes_list)
     padded = tensor.contiguous()
@@ -75,38 +148,43 @@ def all_gather(x: Any) -> torch.Tensor:
         pad = torch.zeros((largest - tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=device)
         padded = torch.cat([tensor, pad])
     buffers = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(buffers, padded)
+    with _named("all_gather (data)", None):
+        dist.all_gather(buffers, padded)
     return torch.cat([buf[:n] for buf, n in zip(buffers, sizes_list)])
 
 
-def gather_object(obj: Any) -> list[Any]:
+def gather_object(obj: Any, check: Checker | None = None) -> list[Any]:
     """Every rank's ``obj`` (picklable), in rank order, on every rank."""
     if not _active():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    with _named("gather_object()", check):
+        dist.all_gather_object(out, obj)
     return out
 
 
-def broadcast(x: Any, src: int = 0) -> torch.Tensor:
+def broadcast(x: Any, src: int = 0, check: Checker | None = None) -> torch.Tensor:
     """Rank ``src``'s ``x`` on every rank (returned; the input is updated in place too)."""
     tensor = _as_tensor(x)
     if not _active():
         return tensor
-    dist.broadcast(tensor, src=src)
+    with _named(f"broadcast(src={src}, {_describe(tensor)})", check):
+        dist.broadcast(tensor, src=src)
     return tensor
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
+def broadcast_object(obj: Any, src: int = 0, check: Checker | None = None) -> Any:
     """Rank ``src``'s picklable ``obj`` on every rank."""
     if not _active():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    with _named(f"broadcast_object(src={src})", check):
+        dist.broadcast_object_list(box, src=src)
     return box[0]
 
 
-def barrier() -> None:
+def barrier(check: Checker | None = None) -> None:
     """Wait until every rank arrives."""
     if _active():
-        dist.barrier()
+        with _named("barrier()", check):
+            dist.barrier()

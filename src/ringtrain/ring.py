@@ -9,6 +9,7 @@ here is correct on one process (collectives are the identity) and on many.
 from __future__ import annotations
 
 import atexit
+import os
 import datetime
 import random
 from typing import Any, Iterable, Iterator
@@ -57,7 +58,10 @@ class Ring:
     the newest complete checkpoint in ``setup``, mid-epoch included.
     ``nonfinite``: what a NaN/inf loss does — ``"raise"`` (stop, naming the
     step), ``"skip"`` (every rank drops that accumulation window's step) or
-    ``"ignore"``.
+    ``"ignore"``. ``debug_collectives`` (or ``RINGTRAIN_DEBUG_COLLECTIVES=1``):
+    every collective is first checked across ranks, and a rank that calls
+    something else or never arrives (within that many seconds if a number is
+    given, else 60) is named on every rank.
     """
 
     def __init__(
@@ -80,6 +84,7 @@ class Ring:
         save_every: int | None = None,
         keep_last: int = 3,
         nonfinite: str = "raise",
+        debug_collectives: bool | float = False,
     ):
         self.strategy = choose_strategy(
             strategy,
@@ -93,6 +98,10 @@ class Ring:
         )
         self.env = self.strategy.env
         self.strategy.setup_environment()
+        if debug_collectives is False and os.environ.get("RINGTRAIN_DEBUG_COLLECTIVES", "0") not in ("", "0"):
+            debug_collectives = True  # the user's switch, read here and passed on explicitly
+        if debug_collectives is not False:
+            self.strategy.enable_collective_checks(60.0 if debug_collectives is True else float(debug_collectives))
         atexit.register(self.close)
         self.seed = seed
         if seed is not None:

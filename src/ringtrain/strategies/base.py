@@ -23,6 +23,8 @@ class Strategy(ABC):
     """How one process of the job runs: device, wrapping, communication."""
 
     name: str = "base"
+    # Set by enable_collective_checks: every collective is first checked across ranks.
+    checker: collectives.Checker | None = None
 
     def __init__(self, env: Environment):
         self.env = env
@@ -59,6 +61,9 @@ class Strategy(ABC):
     def teardown(self) -> None:
         """Leave the process group; safe to call twice."""
 
+    def enable_collective_checks(self, timeout: float) -> None:
+        """Check every collective across ranks first (nothing to check on one process)."""
+
     # --- model and optimizer --------------------------------------------
     @abstractmethod
     def wrap_module(self, module: nn.Module, **wrap_kwargs: Any) -> nn.Module:
@@ -70,22 +75,22 @@ class Strategy(ABC):
 
     # --- communication: identity on one process (collectives.py) ----------
     def all_reduce(self, x: Any, op: str = "mean") -> torch.Tensor:
-        return collectives.all_reduce(x, op)
+        return collectives.all_reduce(x, op, self.checker)
 
     def all_gather(self, x: Any) -> torch.Tensor:
-        return collectives.all_gather(x)
+        return collectives.all_gather(x, self.checker)
 
     def gather_object(self, obj: Any) -> list[Any]:
-        return collectives.gather_object(obj)
+        return collectives.gather_object(obj, self.checker)
 
     def broadcast(self, x: Any, src: int = 0) -> torch.Tensor:
-        return collectives.broadcast(x, src)
+        return collectives.broadcast(x, src, self.checker)
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        return collectives.broadcast_object(obj, src)
+        return collectives.broadcast_object(obj, src, self.checker)
 
     def barrier(self) -> None:
-        collectives.barrier()
+        collectives.barrier(self.checker)
 
 
 class BackwardSyncControl:

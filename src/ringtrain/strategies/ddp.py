@@ -16,8 +16,10 @@ from typing import Any, ContextManager
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.rendezvous import rendezvous
 from torch.nn.parallel import DistributedDataParallel
 
+from .. import collectives
 from ..environments import Environment
 from ..errors import RingtrainError
 from .base import BackwardSyncControl, Strategy
@@ -88,6 +90,7 @@ class DDPStrategy(Strategy, BackwardSyncControl):
         self.init_method = init_method or env.default_init_method()
         self.timeout = timeout
         self._owns_group = False
+        self.store: dist.Store | None = None
 
     @property
     def device(self) -> torch.device:
@@ -108,14 +111,19 @@ class DDPStrategy(Strategy, BackwardSyncControl):
             return
         where = self.init_method
         try:
+            # The same rendezvous init_process_group would do, done here so the ring keeps
+            # the store: collective checks (debug_collectives) exchange descriptors in it.
+            store, _, _ = next(rendezvous(self.init_method, self.rank, self.world_size, timeout=self.timeout))
+            store.set_timeout(self.timeout)
             dist.init_process_group(
                 backend=self.backend,
-                init_method=self.init_method,
+                store=store,
                 world_size=self.world_size,
                 rank=self.rank,
                 timeout=self.timeout,
                 **({"device_id": self._device} if self._device.type == "cuda" else {}),
             )
+            self.store = dist.PrefixStore("ringtrain", store)
         except (RuntimeError, ValueError, TimeoutError, OSError) as e:
             seconds = int(self.timeout.total_seconds())
             raise RingtrainError(
@@ -126,6 +134,14 @@ class DDPStrategy(Strategy, BackwardSyncControl):
                 "another job; lower Ring(timeout=...) to fail faster.",
             ) from e
         self._owns_group = True
+
+    def enable_collective_checks(self, timeout: float) -> None:
+        if self.store is None:
+            raise RingtrainError(
+                "debug_collectives needs the rendezvous store, but this ring joined a process group made elsewhere",
+                "let the Ring create the process group (do not call init_process_group yourself).",
+            )
+        self.checker = collectives.Checker(self.store, self.rank, self.world_size, timeout)
 
     def teardown(self) -> None:
         if self._owns_group and dist.is_initialized():
