@@ -97,33 +97,35 @@ class Ring:
             timeout=timeout,
         )
         self.env = self.strategy.env
-        self.strategy.setup_environment()
-        if debug_collectives is False and os.environ.get("RINGTRAIN_DEBUG_COLLECTIVES", "0") not in ("", "0"):
-            debug_collectives = True  # the user's switch, read here and passed on explicitly
-        if debug_collectives is not False:
-            self.strategy.enable_collective_checks(60.0 if debug_collectives is True else float(debug_collectives))
-        atexit.register(self.close)
-        self.seed = seed
-        if seed is not None:
-            seed_everything(seed)
+        # Everything the arguments can get wrong is checked before joining the group.
         self.accumulator = Accumulator(accumulate)
         self.precision = Precision(precision, self.device)
-        self.sync_batchnorm = sync_batchnorm
-        if deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=False)
-        if torch.backends.cudnn.is_available():
-            torch.backends.cudnn.benchmark = (not deterministic) if cudnn_benchmark is None else cudnn_benchmark
-            torch.backends.cudnn.deterministic = deterministic
         if nonfinite not in ("raise", "skip", "ignore"):
             raise RingtrainError(f"Ring got nonfinite={nonfinite!r}", "use 'raise', 'skip' or 'ignore'.")
-        self.nonfinite = nonfinite
-        self._finite_flags: list[tuple[torch.Tensor, int, int | None]] = []
         if save_every is not None and (not isinstance(save_every, int) or save_every < 1 or checkpoint_dir is None):
             raise RingtrainError(
                 f"Ring got save_every={save_every!r} with checkpoint_dir={checkpoint_dir!r}",
                 "save_every is a positive number of optimizer steps and needs checkpoint_dir=... to save into.",
             )
         self.checkpoints = checkpoint.CheckpointDir(checkpoint_dir, keep_last) if checkpoint_dir else None
+        if debug_collectives is False and os.environ.get("RINGTRAIN_DEBUG_COLLECTIVES", "0") not in ("", "0"):
+            debug_collectives = True  # the user's switch, read here and passed on explicitly
+
+        self.strategy.setup_environment()
+        atexit.register(self.close)
+        if debug_collectives is not False:
+            self.strategy.enable_collective_checks(60.0 if debug_collectives is True else float(debug_collectives))
+        self.seed = seed
+        if seed is not None:
+            seed_everything(seed)
+        self.sync_batchnorm = sync_batchnorm
+        if deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=False)
+        if torch.backends.cudnn.is_available():
+            torch.backends.cudnn.benchmark = (not deterministic) if cudnn_benchmark is None else cudnn_benchmark
+            torch.backends.cudnn.deterministic = deterministic
+        self.nonfinite = nonfinite
+        self._finite_flags: list[tuple[torch.Tensor, int, int | None]] = []
         self.save_every = save_every
         self._save_due = False
         self._autosave_targets: dict[str, Any] = {}
