@@ -15,6 +15,7 @@
 from .errors import RingtrainError
 from .launcher import launch
 from .optim import scale_lr
+from .split import split
 from .ring import Ring, seed_everything
 from .syncbn import SyncBatchNorm, convert_sync_batchnorm, revert_sync_batchnorm
 
@@ -29,5 +30,6 @@ __all__ = [
     "revert_sync_batchnorm",
     "scale_lr",
     "seed_everything",
+    "split",
     "__version__",
 ]

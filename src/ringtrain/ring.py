@@ -25,7 +25,7 @@ from .optim import Accumulator, RingScheduler, wrap_optimizer
 from .precision import Precision
 from .progress import Progress
 from .strategies import DEFAULT_TIMEOUT_S, choose_strategy
-from .strategies.base import BackwardSyncControl
+from .strategies.base import BackwardSyncControl, PipelineSchedule
 from .strategies.ddp import DDP_OPTIONS
 
 
@@ -62,6 +62,12 @@ class Ring:
     every collective is first checked across ranks, and a rank that calls
     something else or never arrives (within that many seconds if a number is
     given, else 60) is named on every rank.
+
+    ``strategy="pipeline"`` with ``stages``, ``microbatches``, ``schedule``
+    (``"gpipe"``, ``"1f1b"``, ``"interleaved"``) and ``split_at`` (module names)
+    splits an ``nn.Sequential`` across processes (torch.distributed.pipelining);
+    with more processes than stages the replicas are data-parallel. Train with
+    ``loss = ring.pipeline_step(x, y, loss_fn)``.
     """
 
     def __init__(
@@ -85,6 +91,10 @@ class Ring:
         keep_last: int = 3,
         nonfinite: str = "raise",
         debug_collectives: bool | float = False,
+        stages: int | None = None,
+        microbatches: int | None = None,
+        schedule: str | None = None,
+        split_at: list[str] | None = None,
     ):
         self.strategy = choose_strategy(
             strategy,
@@ -95,6 +105,11 @@ class Ring:
             backend=backend,
             init_method=init_method,
             timeout=timeout,
+            pipeline={
+                k: v
+                for k, v in dict(stages=stages, microbatches=microbatches, schedule=schedule, split_at=split_at).items()
+                if v is not None
+            },
         )
         self.env = self.strategy.env
         # Everything the arguments can get wrong is checked before joining the group.
@@ -108,6 +123,11 @@ class Ring:
                 "save_every is a positive number of optimizer steps and needs checkpoint_dir=... to save into.",
             )
         self.checkpoints = checkpoint.CheckpointDir(checkpoint_dir, keep_last) if checkpoint_dir else None
+        if sync_batchnorm and isinstance(self.strategy, PipelineSchedule):
+            raise RingtrainError(
+                "sync_batchnorm=True with strategy='pipeline': each stage holds different BatchNorm layers",
+                "drop sync_batchnorm (each stage's BatchNorm sees the whole micro-batch), or use ddp.",
+            )
         if debug_collectives is False and os.environ.get("RINGTRAIN_DEBUG_COLLECTIVES", "0") not in ("", "0"):
             debug_collectives = True  # the user's switch, read here and passed on explicitly
 
@@ -190,7 +210,8 @@ class Ring:
         training = [made for made in self._loaders if not made.exact and made.per_device_batch]
         if not training:
             return None
-        return training[0].per_device_batch * self.world_size * self.strategy.devices_per_process * self.accumulate
+        devices = self.strategy.data_parallel_size * self.strategy.devices_per_process
+        return training[0].per_device_batch * devices * self.accumulate
 
     @property
     def epoch(self) -> int | None:
@@ -217,10 +238,11 @@ class Ring:
         fp16 scaler when there is one; the scheduler steps only after a real step.
         ``wrap_kwargs`` go to DistributedDataParallel (find_unused_parameters,
         gradient_as_bucket_view, static_graph, bucket_cap_mb, broadcast_buffers)
-        and are accepted, unused, elsewhere so the script stays the same.
+        or, as ``split_at``, to the pipeline; each is accepted, unused, by the
+        other strategies, so the script stays the same.
         Returns ``model``, ``(model, optimizer)`` or ``(model, optimizer, scheduler)``.
         """
-        unknown = set(wrap_kwargs) - DDP_OPTIONS
+        unknown = set(wrap_kwargs) - DDP_OPTIONS - {"split_at"}
         if unknown:
             raise RingtrainError(
                 f"ring.setup got unknown option(s) {sorted(unknown)}",
@@ -240,10 +262,9 @@ class Ring:
 
             model = convert_sync_batchnorm(model)
         self._check_same_model(model)
-        # Move before wrapping: DDP and DataParallel need the module on its device first.
-        model = model.to(self.device)
-        self.precision.wrap_forward(model)
-        wrapped = self.strategy.wrap_module(model, **wrap_kwargs)
+        if not isinstance(self.strategy, PipelineSchedule):
+            wrap_kwargs.pop("split_at", None)
+        wrapped = self.strategy.setup_module(model, self.precision, **wrap_kwargs)
         self._models.append(wrapped)
         if self.accumulate > 1 and isinstance(self.strategy, BackwardSyncControl):
             wrapped.register_forward_pre_hook(self._before_forward)
@@ -254,6 +275,7 @@ class Ring:
         suffix = str(len(self._models) - 1) if len(self._models) > 1 else ""
         targets: dict[str, Any] = {f"model{suffix}": wrapped}
         if optimizer is not None:
+            optimizer = self.strategy.setup_optimizer(optimizer, wrapped)
             self._move_optimizer_state(optimizer)
             optimizer = wrap_optimizer(optimizer, self.accumulator, self.precision.scaler, self._after_step)
             self._optimizers.append(optimizer)
@@ -334,8 +356,8 @@ class Ring:
             shuffle=shuffle,
             drop_last=drop_last,
             exact=exact,
-            rank=self.rank,
-            world_size=self.world_size,
+            rank=self.strategy.data_parallel_rank,
+            world_size=self.strategy.data_parallel_size,
             seed=self.seed or 0,
             device=self.device,
             **dataloader_kwargs,
@@ -347,7 +369,7 @@ class Ring:
         index = len(self._loaders)
         self._loaders.append(made)
         if first_training and self.global_batch_size != batch_size:
-            devices = self.world_size * self.strategy.devices_per_process
+            devices = self.strategy.data_parallel_size * self.strategy.devices_per_process
             self.print(
                 f"ringtrain: global batch {self.global_batch_size} = {batch_size} per device x {devices} "
                 f"device(s) x {self.accumulate} accumulation step(s)"
@@ -401,6 +423,11 @@ class Ring:
         skips DDP's gradient all-reduce (``no_sync``) on all but the window's
         last micro-batch: one all-reduce per optimizer step, not per micro-batch.
         """
+        if isinstance(self.strategy, PipelineSchedule):
+            raise RingtrainError(
+                "ring.backward under strategy='pipeline': no rank holds the whole model's output",
+                "train with loss = ring.pipeline_step(x, y, loss_fn); it runs forward and backward.",
+            )
         self.accumulator.check_lr(self._optimizers)
         skip = self._nonfinite_skip(loss)
         divisor, _ = self.accumulator.next_backward(self._remaining())
@@ -412,13 +439,36 @@ class Ring:
                 region.__exit__(None, None, None)
             self._sync_off.clear()
         if skip:
-            # Backward still ran (DDP expects it); its NaNs are wiped and the window's step dropped.
-            for model in self._models:
-                for p in model.parameters():
-                    if p.grad is not None:
-                        p.grad.zero_()
-            self.accumulator.drop_window = True
+            self._drop_window()
         self._last_loss = loss.detach()
+
+    def _drop_window(self) -> None:
+        # Backward still ran (DDP expects it); its NaNs are wiped and the window's step dropped.
+        for model in self._models:
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.zero_()
+        self.accumulator.drop_window = True
+
+    def pipeline_step(self, x: torch.Tensor, y: torch.Tensor, loss_fn: Any) -> torch.Tensor:
+        """Forward and backward of one batch; its mean loss, on every rank.
+
+        With strategy='pipeline' the batch is cut into micro-batches that the
+        schedule runs through the stages; elsewhere it is
+        ``ring.backward(loss_fn(model(x), y))`` on the model given to ``setup``,
+        so the same script runs unsplit.
+        """
+        if not isinstance(self.strategy, PipelineSchedule):
+            loss = loss_fn(self._models[-1](x), y)
+            self.backward(loss)
+            return loss.detach()
+        self.accumulator.check_lr(self._optimizers)
+        divisor, boundary = self.accumulator.next_backward(self._remaining())
+        loss = self.strategy.pipeline_step(x, y, loss_fn, divisor=divisor, sync=boundary, scaler=self.precision.scaler)
+        if self._nonfinite_skip(loss):
+            self._drop_window()
+        self._last_loss = loss
+        return loss
 
     def _nonfinite_skip(self, loss: torch.Tensor) -> bool:
         """Apply ``nonfinite``; True when this micro-batch's window must be dropped."""
@@ -462,7 +512,7 @@ class Ring:
         if scaler.is_enabled():
             for optimizer in self._optimizers:
                 scaler.unscale_(optimizer)
-        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type=norm_type)
+        return self.strategy.clip_grad_norm_(model, max_norm, norm_type)
 
     # --- collectives (identity on one process) ----------------------------
     def all_reduce(self, x: Any, op: str = "mean") -> torch.Tensor:
@@ -495,7 +545,7 @@ class Ring:
         return Progress(
             iterable,
             enabled=self.is_main,
-            world_size=self.world_size,
+            world_size=self.strategy.data_parallel_size,
             last_loss=lambda: self._last_loss,
             desc=desc,
             total=total,
@@ -512,12 +562,10 @@ class Ring:
         if checkpoint.META_KEY in state:
             raise RingtrainError(f"ring.save got the reserved key {checkpoint.META_KEY!r}", "rename that entry.")
         rng = self.strategy.gather_object(checkpoint.capture_rng())
+        # On every rank, in the same order: a split model's parts are gathered collectively.
+        payload = {name: self._state_of(v) for name, v in state.items()}
         failure: str | None = None
         if self.is_main:
-            payload = {
-                name: checkpoint.state_of(self.strategy.unwrap(v) if isinstance(v, nn.Module) else v)
-                for name, v in state.items()
-            }
             payload[checkpoint.META_KEY] = {
                 "format": checkpoint.FORMAT,
                 "world_size": self.world_size,
@@ -539,6 +587,13 @@ class Ring:
             message, _, hint = failure.partition("\nHINT: ")
             raise RingtrainError(f"rank 0: {message}", hint or "see the message above.")
 
+    def _state_of(self, value: Any) -> Any:
+        if isinstance(value, nn.Module):
+            return self.strategy.module_state(value)
+        if isinstance(value, torch.optim.Optimizer):
+            return self.strategy.optimizer_state(value)
+        return checkpoint.state_of(value)
+
     def load(self, path: str, **targets: Any) -> dict[str, Any]:
         """Load ``path`` (on every rank, onto ``ring.device``) into ``targets``; return the other entries.
 
@@ -558,11 +613,12 @@ class Ring:
                     "use the keyword the checkpoint was saved with, e.g. ring.load(path, model=model).",
                 )
             if isinstance(target, nn.Module):
-                checkpoint.load_model_state(self.strategy.unwrap(target), ckpt[name], path)
+                self.strategy.load_module_state(target, ckpt[name], path)
+            elif isinstance(target, torch.optim.Optimizer):
+                self.strategy.load_optimizer_state(target, ckpt[name])
+                self._move_optimizer_state(target)
             elif hasattr(target, "load_state_dict"):
                 target.load_state_dict(ckpt[name])
-                if isinstance(target, torch.optim.Optimizer):
-                    self._move_optimizer_state(target)
             else:
                 raise RingtrainError(
                     f"ring.load got {name}={type(target).__name__}, which has no load_state_dict",

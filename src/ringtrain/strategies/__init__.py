@@ -16,9 +16,10 @@ from ..errors import RingtrainError
 from .base import Strategy
 from .ddp import DDPStrategy
 from .dp import DataParallelStrategy
+from .pipeline import PipelineStrategy
 from .single import SingleDevice
 
-STRATEGIES = ("auto", "single", "dp", "ddp")
+STRATEGIES = ("auto", "single", "dp", "ddp", "pipeline")
 DEFAULT_TIMEOUT_S = 1800.0
 
 
@@ -73,8 +74,12 @@ def choose_strategy(
     backend: str | None = None,
     init_method: str | None = None,
     timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S,
+    pipeline: dict | None = None,
 ) -> Strategy:
-    """The strategy for ``name`` (``"auto"`` decides from the environment), not yet set up."""
+    """The strategy for ``name`` (``"auto"`` decides from the environment), not yet set up.
+
+    ``pipeline``: stages, microbatches, schedule, split_at — only with ``name="pipeline"``.
+    """
     env = _explicit(env, world_size, rank)
     timeout = _timeout(timeout)
     if name not in STRATEGIES:
@@ -83,6 +88,19 @@ def choose_strategy(
         raise RingtrainError(f"Ring got device={device!r}", "use 'auto', 'cpu' or 'cuda'.")
     if device == "cuda" and not torch.cuda.is_available():
         raise RingtrainError("Ring(device='cuda') was asked for, but torch sees no CUDA device", "use device='auto'.")
+    if pipeline and name != "pipeline":
+        raise RingtrainError(
+            f"Ring got pipeline options {sorted(pipeline)} with strategy={name!r}",
+            "use strategy='pipeline' with stages=, microbatches=, schedule=, split_at=.",
+        )
+    if name == "pipeline":
+        options = dict(pipeline or {})
+        if options.get("stages") is None or options.get("microbatches") is None:
+            raise RingtrainError(
+                "strategy='pipeline' needs stages= and microbatches=",
+                "e.g. Ring(strategy='pipeline', stages=2, microbatches=8, schedule='1f1b').",
+            )
+        return PipelineStrategy(env, device=device, backend=backend, init_method=init_method, timeout=timeout, **options)
     if name == "auto":
         name = "ddp" if env.is_distributed or init_method is not None else "single"
     if name == "dp":

@@ -64,7 +64,26 @@ class Strategy(ABC):
     def enable_collective_checks(self, timeout: float) -> None:
         """Check every collective across ranks first (nothing to check on one process)."""
 
+    @property
+    def data_parallel_rank(self) -> int:
+        """Which shard of the data this process reads (pipeline stages of one replica share one)."""
+        return self.rank
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many different shards the data is cut into."""
+        return self.world_size
+
     # --- model and optimizer --------------------------------------------
+    def setup_module(self, module: nn.Module, precision: Any, **wrap_kwargs: Any) -> nn.Module:
+        """Place ``module`` on the device, run its forward under ``precision``, wrap it.
+
+        Moved before wrapping: DDP and DataParallel need the module on its device first.
+        """
+        module = module.to(self.device)
+        precision.wrap_forward(module)
+        return self.wrap_module(module, **wrap_kwargs)
+
     @abstractmethod
     def wrap_module(self, module: nn.Module, **wrap_kwargs: Any) -> nn.Module:
         """Return ``module`` (already on ``self.device``) ready for training."""
@@ -72,6 +91,30 @@ class Strategy(ABC):
     def unwrap(self, module: nn.Module) -> nn.Module:
         """The user's module inside any wrapper this strategy added."""
         return module
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> torch.optim.Optimizer:
+        """The optimizer for ``module`` as this strategy runs it (the same one, by default)."""
+        return optimizer
+
+    def clip_grad_norm_(self, module: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip ``module``'s gradients by their total norm; return that norm."""
+        return torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm, norm_type=norm_type)
+
+    # --- checkpoints: the user's unsplit, unwrapped state --------------------
+    def module_state(self, module: nn.Module) -> Any:
+        """``module``'s state dict as one process would hold it (collective for split models)."""
+        return self.unwrap(module).state_dict()
+
+    def load_module_state(self, module: nn.Module, state_dict: Any, path: str) -> None:
+        from ..checkpoint import load_model_state
+
+        load_model_state(self.unwrap(module), state_dict, path)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Any:
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state_dict: Any) -> None:
+        optimizer.load_state_dict(state_dict)
 
     # --- communication: identity on one process (collectives.py) ----------
     def all_reduce(self, x: Any, op: str = "mean") -> torch.Tensor:
@@ -91,6 +134,15 @@ class Strategy(ABC):
 
     def barrier(self) -> None:
         collectives.barrier(self.checker)
+
+
+class PipelineSchedule(ABC):
+    """Mixin: the strategy runs forward and backward itself, micro-batch by micro-batch."""
+
+    @abstractmethod
+    def pipeline_step(self, x: Any, y: Any, loss_fn: Any, *, divisor: int = 1, sync: bool = True,
+                      scaler: Any = None) -> torch.Tensor:
+        """Forward and backward of one batch through the stages; its mean loss on every rank."""
 
 
 class BackwardSyncControl:
