@@ -137,6 +137,48 @@ def wrap_optimizer(
     return optimizer
 
 
+class NonFiniteGuard:
+    """What a NaN/inf loss does: ``"raise"`` (naming the step), ``"skip"`` (drop the window), ``"ignore"``."""
+
+    def __init__(self, mode: str, strategy: Any):
+        if mode not in ("raise", "skip", "ignore"):
+            raise RingtrainError(f"Ring got nonfinite={mode!r}", "use 'raise', 'skip' or 'ignore'.")
+        self.mode = mode
+        self.strategy = strategy
+        self._flags: list[tuple[torch.Tensor, int, int | None]] = []
+
+    def skip(self, loss: torch.Tensor, step: int, epoch: int | None) -> bool:
+        """True when this micro-batch's window must be dropped (mode "skip", agreed by every rank)."""
+        if self.mode == "ignore":
+            return False
+        finite = torch.isfinite(loss.detach()).all()
+        if self.mode == "skip":
+            # Every rank must agree, or one would step while another skips.
+            return bool(self.strategy.all_reduce(finite.to(torch.int32), op="min").item() == 0)
+        # "raise": on the CPU a check costs nothing; on a GPU reading it would stall the
+        # queue every step, so flags are kept on the device and read every 32 steps.
+        self._flags.append((finite, step, epoch))
+        self.check(force=finite.device.type == "cpu" or len(self._flags) >= 32)
+        return False
+
+    def check(self, force: bool) -> None:
+        """Raise for the first non-finite loss recorded so far (read now if ``force``)."""
+        if not force or not self._flags:
+            return
+        flags, self._flags = self._flags, []
+        ok = torch.stack([f for f, _, _ in flags]).tolist()
+        if all(ok):
+            return
+        _, step, epoch = flags[ok.index(False)]
+        raise RingtrainError(
+            f"the loss was NaN or infinite at optimizer step {step}"
+            + (f" (epoch {epoch})" if epoch is not None else "")
+            + f" on rank {self.strategy.rank}",
+            "lower the learning rate, clip gradients (ring.clip_grad_norm_), check the data for NaNs, or use "
+            "Ring(nonfinite='skip') to drop such steps on every rank.",
+        )
+
+
 class RingScheduler:
     """An LR scheduler whose ``step()`` acts only right after a real optimizer step."""
 

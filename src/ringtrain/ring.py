@@ -21,9 +21,10 @@ from torch import nn
 from . import checkpoint, environments
 from .data import RingLoader, make_loader
 from .errors import RingtrainError
-from .optim import Accumulator, RingScheduler, wrap_optimizer
+from .optim import Accumulator, NonFiniteGuard, RingScheduler, wrap_optimizer
 from .precision import Precision
 from .progress import Progress
+from .resume import SaveAndResume
 from .strategies import DEFAULT_TIMEOUT_S, choose_strategy
 from .strategies.base import BackwardSyncControl, PipelineSchedule
 from .strategies.ddp import DDP_OPTIONS
@@ -35,7 +36,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-class Ring:
+class Ring(SaveAndResume):
     """Everything a training loop needs to run on one device or many, unchanged.
 
     ``strategy``: ``"auto"`` (DDP when launched with more than one process, else
@@ -115,8 +116,7 @@ class Ring:
         # Everything the arguments can get wrong is checked before joining the group.
         self.accumulator = Accumulator(accumulate)
         self.precision = Precision(precision, self.device)
-        if nonfinite not in ("raise", "skip", "ignore"):
-            raise RingtrainError(f"Ring got nonfinite={nonfinite!r}", "use 'raise', 'skip' or 'ignore'.")
+        self.nonfinite = NonFiniteGuard(nonfinite, self.strategy)
         if save_every is not None and (not isinstance(save_every, int) or save_every < 1 or checkpoint_dir is None):
             raise RingtrainError(
                 f"Ring got save_every={save_every!r} with checkpoint_dir={checkpoint_dir!r}",
@@ -144,8 +144,6 @@ class Ring:
         if torch.backends.cudnn.is_available():
             torch.backends.cudnn.benchmark = (not deterministic) if cudnn_benchmark is None else cudnn_benchmark
             torch.backends.cudnn.deterministic = deterministic
-        self.nonfinite = nonfinite
-        self._finite_flags: list[tuple[torch.Tensor, int, int | None]] = []
         self.save_every = save_every
         self._save_due = False
         self._autosave_targets: dict[str, Any] = {}
@@ -306,29 +304,6 @@ class Ring:
                 "build the same model (same code and constructor arguments) on every rank before ring.setup.",
             )
 
-    def _resume_from_checkpoint_dir(self, targets: dict[str, Any]) -> None:
-        latest = self.checkpoints.latest() if self.is_main else None  # type: ignore[union-attr]
-        latest = self.strategy.broadcast_object(latest)
-        if latest is None:
-            return
-        self.load(latest, **targets)
-        self.print(f"ringtrain: resumed from {latest} (epoch {self._resume_epoch}, step {self.optimizer_steps})")
-
-    def _after_step(self) -> None:
-        if self.save_every and self.accumulator.optimizer_steps % self.save_every == 0:
-            # Saved when the next batch is asked for: by then the user's scheduler.step()
-            # and zero_grad() for this step have run too.
-            self._save_due = True
-
-    def _autosave(self) -> None:
-        self._save_due = False
-        self._check_finite(force=True)
-        step = self.accumulator.optimizer_steps
-        path = self.checkpoints.path_for(step)  # type: ignore[union-attr]
-        self.save(path, **self._autosave_targets)
-        if self.is_main:
-            self.checkpoints.commit(path, step=step, epoch=self._epoch)  # type: ignore[union-attr]
-
     def _move_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
         for state in optimizer.state.values():
             for key, value in state.items():
@@ -388,7 +363,7 @@ class Ring:
                 for made in self._loaders:
                     made.set_epoch(epoch)
                 yield epoch
-                self._check_finite(force=True)
+                self.nonfinite.check(force=True)
             if self._save_due:
                 self._autosave()
         finally:
@@ -429,7 +404,7 @@ class Ring:
                 "train with loss = ring.pipeline_step(x, y, loss_fn); it runs forward and backward.",
             )
         self.accumulator.check_lr(self._optimizers)
-        skip = self._nonfinite_skip(loss)
+        skip = self.nonfinite.skip(loss, self.optimizer_steps, self._epoch)
         divisor, _ = self.accumulator.next_backward(self._remaining())
         scaled = self.precision.scaler.scale(loss / divisor if divisor > 1 else loss)
         try:
@@ -465,40 +440,10 @@ class Ring:
         self.accumulator.check_lr(self._optimizers)
         divisor, boundary = self.accumulator.next_backward(self._remaining())
         loss = self.strategy.pipeline_step(x, y, loss_fn, divisor=divisor, sync=boundary, scaler=self.precision.scaler)
-        if self._nonfinite_skip(loss):
+        if self.nonfinite.skip(loss, self.optimizer_steps, self._epoch):
             self._drop_window()
         self._last_loss = loss
         return loss
-
-    def _nonfinite_skip(self, loss: torch.Tensor) -> bool:
-        """Apply ``nonfinite``; True when this micro-batch's window must be dropped."""
-        if self.nonfinite == "ignore":
-            return False
-        finite = torch.isfinite(loss.detach()).all()
-        if self.nonfinite == "skip":
-            # Every rank must agree, or one would step while another skips.
-            return bool(self.strategy.all_reduce(finite.to(torch.int32), op="min").item() == 0)
-        # "raise": on the CPU a check costs nothing; on a GPU reading it would stall the
-        # queue every step, so flags are kept on the device and read every 32 steps.
-        self._finite_flags.append((finite, self.accumulator.optimizer_steps, self._epoch))
-        self._check_finite(force=self.device.type == "cpu" or len(self._finite_flags) >= 32)
-        return False
-
-    def _check_finite(self, force: bool) -> None:
-        if not force or not self._finite_flags:
-            return
-        flags, self._finite_flags = self._finite_flags, []
-        ok = torch.stack([f for f, _, _ in flags]).tolist()
-        if all(ok):
-            return
-        _, step, epoch = flags[ok.index(False)]
-        raise RingtrainError(
-            f"the loss was NaN or infinite at optimizer step {step}"
-            + (f" (epoch {epoch})" if epoch is not None else "")
-            + f" on rank {self.rank}",
-            "lower the learning rate, clip gradients (ring.clip_grad_norm_), check the data for NaNs, or use "
-            "Ring(nonfinite='skip') to drop such steps on every rank.",
-        )
 
     def clip_grad_norm_(self, model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip gradients to ``max_norm`` on accumulation boundaries (unscaling fp16 gradients first).
@@ -550,109 +495,6 @@ class Ring:
             desc=desc,
             total=total,
         )
-
-    # --- checkpoints ----------------------------------------------------------
-    def save(self, path: str, **state: Any) -> None:
-        """Write ``state`` to ``path`` from the main process, atomically; every rank returns when it is on disk.
-
-        Modules are saved unwrapped (no ``module.`` prefix); anything with
-        ``state_dict()`` is saved as its state dict; other values as they are.
-        Every rank's RNG state and the loaders' positions go in too, for ``load``.
-        """
-        if checkpoint.META_KEY in state:
-            raise RingtrainError(f"ring.save got the reserved key {checkpoint.META_KEY!r}", "rename that entry.")
-        rng = self.strategy.gather_object(checkpoint.capture_rng())
-        # On every rank, in the same order: a split model's parts are gathered collectively.
-        payload = {name: self._state_of(v) for name, v in state.items()}
-        failure: str | None = None
-        if self.is_main:
-            payload[checkpoint.META_KEY] = {
-                "format": checkpoint.FORMAT,
-                "world_size": self.world_size,
-                "rng": rng,
-                "loaders": [made.state() for made in self._loaders],
-                "epoch": self._epoch,
-                "optimizer_steps": self.accumulator.optimizer_steps,
-                "scaler": self.precision.scaler.state_dict(),
-            }
-            try:
-                checkpoint.atomic_save(payload, path)
-            except RingtrainError as e:
-                failure = str(e)
-            except Exception as e:  # disk full, permissions, unpicklable extra...
-                failure = f"saving {path!r} failed: {type(e).__name__}: {e}\nHINT: check the folder's space and permissions."
-        # Every rank learns the outcome, so a failed save raises everywhere instead of hanging peers.
-        failure = self.strategy.broadcast_object(failure)
-        if failure is not None:
-            message, _, hint = failure.partition("\nHINT: ")
-            raise RingtrainError(f"rank 0: {message}", hint or "see the message above.")
-
-    def _state_of(self, value: Any) -> Any:
-        if isinstance(value, nn.Module):
-            return self.strategy.module_state(value)
-        if isinstance(value, torch.optim.Optimizer):
-            return self.strategy.optimizer_state(value)
-        return checkpoint.state_of(value)
-
-    def load(self, path: str, **targets: Any) -> dict[str, Any]:
-        """Load ``path`` (on every rank, onto ``ring.device``) into ``targets``; return the other entries.
-
-        Accepts ring.save checkpoints and plain PyTorch ones, with or without
-        ``module.`` prefixes; a bare state dict loads into the one module given.
-        After loading a ring checkpoint, ``ring.epochs`` and the loaders continue
-        where the saved run was (mid-epoch included).
-        """
-        ckpt = checkpoint.read(path, self.device)
-        modules = [name for name, t in targets.items() if isinstance(t, nn.Module)]
-        if checkpoint.META_KEY not in ckpt and checkpoint.is_plain_state_dict(ckpt) and len(modules) == 1:
-            ckpt = {modules[0]: ckpt}
-        for name, target in targets.items():
-            if name not in ckpt:
-                raise RingtrainError(
-                    f"the checkpoint {path!r} has no entry {name!r}; it has {sorted(k for k in ckpt if k != checkpoint.META_KEY)}",
-                    "use the keyword the checkpoint was saved with, e.g. ring.load(path, model=model).",
-                )
-            if isinstance(target, nn.Module):
-                self.strategy.load_module_state(target, ckpt[name], path)
-            elif isinstance(target, torch.optim.Optimizer):
-                self.strategy.load_optimizer_state(target, ckpt[name])
-                self._move_optimizer_state(target)
-            elif hasattr(target, "load_state_dict"):
-                target.load_state_dict(ckpt[name])
-            else:
-                raise RingtrainError(
-                    f"ring.load got {name}={type(target).__name__}, which has no load_state_dict",
-                    "pass only objects to load into; plain values come back in the returned dict.",
-                )
-        meta = ckpt.get(checkpoint.META_KEY)
-        if isinstance(meta, dict):
-            self._restore_meta(meta)
-        return {k: v for k, v in ckpt.items() if k not in targets and k != checkpoint.META_KEY}
-
-    def _restore_meta(self, meta: dict[str, Any]) -> None:
-        # RNG streams are per rank: restored only when the world has the same size.
-        if meta.get("world_size") == self.world_size and meta.get("rng"):
-            checkpoint.restore_rng(meta["rng"][self.rank])
-        self.accumulator.optimizer_steps = int(meta.get("optimizer_steps", 0))
-        if meta.get("scaler") and self.precision.scaler.is_enabled():
-            self.precision.scaler.load_state_dict(meta["scaler"])
-        self._loader_resume = list(meta.get("loaders") or [])
-        for made, saved in zip(self._loaders, self._loader_resume):
-            self._resume_loader(made, saved)
-        training = [s for s in self._loader_resume if not s.get("exact")]
-        nexts = [s["epoch"] + 1 if s["finished"] else s["epoch"] for s in training]
-        saved_epoch = meta.get("epoch")
-        if nexts:
-            self._resume_epoch = min(nexts)
-        elif saved_epoch is not None:
-            self._resume_epoch = saved_epoch + 1
-
-    @staticmethod
-    def _resume_loader(made: RingLoader, saved: dict[str, Any]) -> None:
-        if saved["finished"]:
-            made.resume(saved["epoch"] + 1, 0)
-        else:
-            made.resume(saved["epoch"], saved["batches"])
 
     # --- lifetime -------------------------------------------------------------
     def close(self) -> None:
