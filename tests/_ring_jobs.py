@@ -35,6 +35,7 @@ def train(
     load: str | None = None,
     count_allreduce: bool = False,
     setup_kwargs: dict | None = None,
+    clip: float | None = None,
     **ring_kwargs,
 ):
     """SGD with momentum on a small MLP; returns the final parameters.
@@ -67,6 +68,8 @@ def train(
             before = len(calls)
             ring.backward(loss)
             per_backward.append(len(calls) - before)
+            if clip is not None:
+                ring.clip_grad_norm_(model, clip)
             optimizer.step()
             optimizer.zero_grad()
             if save_after_batches is not None and epoch == epochs - 1 and i + 1 == save_after_batches:

@@ -17,6 +17,7 @@ by the ring carry the window over instead (the ring cannot see their end).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 from typing import Any, Callable
@@ -81,6 +82,7 @@ def wrap_optimizer(
     accumulator: Accumulator,
     scaler: torch.amp.GradScaler,
     after_step: Callable[[], None] = lambda: None,
+    step_context: Callable[[torch.optim.Optimizer], Any] = lambda optimizer: contextlib.nullcontext(),
 ) -> torch.optim.Optimizer:
     """Gate ``optimizer.step`` / ``zero_grad`` on ``accumulator``'s boundaries, in place; return it.
 
@@ -110,17 +112,18 @@ def wrap_optimizer(
             accumulator.drop_window = False
             accumulator.skipped_steps += 1
             return None
-        if scaler.is_enabled():
-            # The scaler unscales (unless clipping already did), skips the step if any
-            # gradient is inf/NaN and lowers the scale; update() raises it again later.
-            inside[0] = True
-            try:
-                result = scaler.step(optimizer, closure) if closure is not None else scaler.step(optimizer)
-            finally:
-                inside[0] = False
-            scaler.update()
-        else:
-            result = previous_step(closure) if closure is not None else previous_step()
+        with step_context(optimizer):
+            if scaler.is_enabled():
+                # The scaler unscales (unless clipping already did), skips the step if any
+                # gradient is inf/NaN and lowers the scale; update() raises it again later.
+                inside[0] = True
+                try:
+                    result = scaler.step(optimizer, closure) if closure is not None else scaler.step(optimizer)
+                finally:
+                    inside[0] = False
+                scaler.update()
+            else:
+                result = previous_step(closure) if closure is not None else previous_step()
         accumulator.optimizer_steps += 1
         accumulator.just_stepped = True
         after_step()

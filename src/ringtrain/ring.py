@@ -69,6 +69,11 @@ class Ring(SaveAndResume):
     splits an ``nn.Sequential`` across processes (torch.distributed.pipelining);
     with more processes than stages the replicas are data-parallel. Train with
     ``loss = ring.pipeline_step(x, y, loss_fn)``.
+
+    ``strategy="hvd"`` averages gradients with Horovod's DistributedOptimizer
+    (``ringtrain.horovod``'s machinery: hooks, fusion buckets) instead of DDP.
+    ``compression="fp16"`` sends gradients as float16 (ddp: DDP's fp16 comm hook;
+    hvd: Horovod's ``Compression.fp16``).
     """
 
     def __init__(
@@ -96,6 +101,7 @@ class Ring(SaveAndResume):
         microbatches: int | None = None,
         schedule: str | None = None,
         split_at: list[str] | None = None,
+        compression: str = "none",
     ):
         self.strategy = choose_strategy(
             strategy,
@@ -111,12 +117,19 @@ class Ring(SaveAndResume):
                 for k, v in dict(stages=stages, microbatches=microbatches, schedule=schedule, split_at=split_at).items()
                 if v is not None
             },
+            accumulate=accumulate,
+            compression=compression,
         )
         self.env = self.strategy.env
         # Everything the arguments can get wrong is checked before joining the group.
         self.accumulator = Accumulator(accumulate)
         self.precision = Precision(precision, self.device)
         self.nonfinite = NonFiniteGuard(nonfinite, self.strategy)
+        if nonfinite == "skip" and self.strategy.name == "hvd":
+            raise RingtrainError(
+                "nonfinite='skip' with strategy='hvd': a dropped window would leave gradients in flight",
+                "use nonfinite='raise' (the default) or 'ignore' with hvd, or strategy='ddp'.",
+            )
         if save_every is not None and (not isinstance(save_every, int) or save_every < 1 or checkpoint_dir is None):
             raise RingtrainError(
                 f"Ring got save_every={save_every!r} with checkpoint_dir={checkpoint_dir!r}",
@@ -275,7 +288,9 @@ class Ring(SaveAndResume):
         if optimizer is not None:
             optimizer = self.strategy.setup_optimizer(optimizer, wrapped)
             self._move_optimizer_state(optimizer)
-            optimizer = wrap_optimizer(optimizer, self.accumulator, self.precision.scaler, self._after_step)
+            optimizer = wrap_optimizer(
+                optimizer, self.accumulator, self.precision.scaler, self._after_step, self.strategy.step_context
+            )
             self._optimizers.append(optimizer)
             targets[f"optimizer{suffix}"] = optimizer
         if scheduler is not None:
@@ -453,6 +468,8 @@ class Ring(SaveAndResume):
         """
         if not self.accumulator.sync_now:
             return None
+        for optimizer in self._optimizers:
+            self.strategy.sync_gradients(optimizer)  # hvd: averaged gradients, before their norm
         scaler = self.precision.scaler
         if scaler.is_enabled():
             for optimizer in self._optimizers:

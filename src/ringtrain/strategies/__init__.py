@@ -16,10 +16,11 @@ from ..errors import RingtrainError
 from .base import Strategy
 from .ddp import DDPStrategy
 from .dp import DataParallelStrategy
+from .hvd import HvdStrategy
 from .pipeline import PipelineStrategy
 from .single import SingleDevice
 
-STRATEGIES = ("auto", "single", "dp", "ddp", "pipeline")
+STRATEGIES = ("auto", "single", "dp", "ddp", "hvd", "pipeline")
 DEFAULT_TIMEOUT_S = 1800.0
 
 
@@ -75,6 +76,8 @@ def choose_strategy(
     init_method: str | None = None,
     timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S,
     pipeline: dict | None = None,
+    accumulate: int = 1,
+    compression: str = "none",
 ) -> Strategy:
     """The strategy for ``name`` (``"auto"`` decides from the environment), not yet set up.
 
@@ -113,4 +116,9 @@ def choose_strategy(
                 "use strategy='auto' or 'ddp', or launch one process (python train.py).",
             )
         return SingleDevice(env, device=device)
-    return DDPStrategy(env, device=device, backend=backend, init_method=init_method, timeout=timeout)
+    if name == "hvd":
+        # Horovod's DistributedOptimizer in place of DDP: accumulation is its backward_passes_per_step.
+        return HvdStrategy(env, device=device, backend=backend, init_method=init_method, timeout=timeout,
+                           backward_passes_per_step=accumulate, compression=compression)
+    return DDPStrategy(env, device=device, backend=backend, init_method=init_method, timeout=timeout,
+                       compression=compression)

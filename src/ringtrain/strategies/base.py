@@ -96,6 +96,13 @@ class Strategy(ABC):
         """The optimizer for ``module`` as this strategy runs it (the same one, by default)."""
         return optimizer
 
+    def sync_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make this step's gradients final now (before clipping); DDP's already are after backward."""
+
+    def step_context(self, optimizer: torch.optim.Optimizer) -> ContextManager:
+        """The context the optimizer's real step runs in."""
+        return contextlib.nullcontext()
+
     def clip_grad_norm_(self, module: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip ``module``'s gradients by their total norm; return that norm."""
         return torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm, norm_type=norm_type)

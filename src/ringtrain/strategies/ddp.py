@@ -16,6 +16,7 @@ from typing import Any, ContextManager
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.rendezvous import rendezvous
 from torch.nn.parallel import DistributedDataParallel
 
@@ -72,8 +73,12 @@ class DDPStrategy(Strategy, BackwardSyncControl):
         backend: str | None = None,
         init_method: str | None = None,
         timeout: datetime.timedelta = datetime.timedelta(minutes=30),
+        compression: str = "none",
     ):
         super().__init__(env)
+        if compression not in ("none", "fp16"):
+            raise RingtrainError(f"Ring got compression={compression!r}", "use 'none' or 'fp16'.")
+        self.compression = compression
         self._device = default_device(env.local_rank, device)
         if self._device.type == "cuda":
             count = torch.cuda.device_count()
@@ -157,7 +162,11 @@ class DDPStrategy(Strategy, BackwardSyncControl):
         device_ids = [self._device.index] if self._device.type == "cuda" else None
         # DDP broadcasts rank 0's parameters and buffers on construction, so every
         # rank starts from the same weights whatever its own initialisation did.
-        return DistributedDataParallel(module, device_ids=device_ids, **wrap_kwargs)
+        wrapped = DistributedDataParallel(module, device_ids=device_ids, **wrap_kwargs)
+        if self.compression == "fp16":
+            # DDP's own hook: gradients travel as float16 and come back in their dtype.
+            wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return wrapped
 
     def unwrap(self, module: nn.Module) -> nn.Module:
         return module.module if isinstance(module, DistributedDataParallel) else module

@@ -1,0 +1,36 @@
+"""Communication machinery on torch.distributed that more than one strategy uses.
+
+The Horovod-compatible API (``ringtrain.horovod``) and the ``hvd`` strategy are two
+faces on this one core (DESIGN.md: "horovod/ is a face, not a second core"):
+
+* ``reduce`` / ``move`` / ``join`` — checked collectives returning :class:`Handle`\\ s:
+  allreduce (fused groups, Adasum), reducescatter, allgather (uneven), broadcast,
+  alltoall, barrier, join; every dtype Horovod accepts, bytes moved faithfully.
+* ``checks`` — the per-collective metadata check that turns a mismatch into an
+  error on every rank instead of a hang.
+* ``groups`` — process sets.
+* ``grad_sync`` / ``optimizer`` — gradient hooks with fusion buckets, compression,
+  backward_passes_per_step, and the DistributedOptimizer (Adasum delta variant too).
+* ``state`` — broadcasting parameters, optimizer state and Python objects.
+"""
+
+from .adasum import combine as adasum_combine
+from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
+from .grad_sync import DEFAULT_FUSION_THRESHOLD, GradientSync
+from .groups import GLOBAL, ProcessSet, ProcessSetTable
+from .handles import CollectiveFailure, Handle
+from .join import barrier, join
+from .move import allgather, alltoall, broadcast, grouped_allgather
+from .ops import ReduceOp
+from .optimizer import distributed_optimizer, is_distributed
+from .reduce import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter, split_rows
+from .state import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
+
+__all__ = [
+    "Compression", "Compressor", "FP16Compressor", "NoneCompressor", "DEFAULT_FUSION_THRESHOLD", "GradientSync",
+    "GLOBAL", "ProcessSet", "ProcessSetTable", "CollectiveFailure", "Handle", "ReduceOp", "adasum_combine",
+    "allreduce", "grouped_allreduce", "reducescatter", "grouped_reducescatter", "split_rows",
+    "allgather", "grouped_allgather", "broadcast", "alltoall", "barrier", "join",
+    "distributed_optimizer", "is_distributed",
+    "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
+]

@@ -1,0 +1,138 @@
+"""The metadata check: every rank says what it is about to run, before running it.
+
+A collective called with different shapes, dtypes, ops or roots on different ranks
+either hangs (sizes differ, so the engine waits for bytes that never come) or
+returns garbage. Horovod's coordinator catches this by negotiating every tensor by
+name; here each collective is preceded by one small ``all_gather`` of a fixed-size
+int64 descriptor per rank (16 numbers), compared on every rank. The check itself
+has the same shape whatever was asked for, so it cannot hang on a mismatch, and
+since every rank sees the same gathered rows, every rank raises the same error.
+
+The descriptors also carry what some collectives need anyway — the first
+dimension of each rank's allgather input, who has called ``join()`` — so with
+checks on, an uneven allgather costs no extra round trip.
+
+Checks run on the process set's CPU-capable group (Gloo, or the Gloo twin under
+NCCL) with CPU tensors, whatever device the data is on.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import RingtrainError
+from .groups import ProcessSet
+from .ops import CODE_DTYPE, ReduceOp, all_gather_flat, dtype_code
+
+WIDTH = 16
+MAGIC = 0x52494E47  # "RING": a row without it was not written by a check
+_DIMS = 8  # dims shown in messages; the full shape is in the hash
+
+
+class Kind(enum.IntEnum):
+    ALLREDUCE = 1
+    ALLGATHER = 2
+    BROADCAST = 3
+    ALLTOALL = 4
+    REDUCESCATTER = 5
+    BARRIER = 6
+    ADASUM = 7
+    GRAD_SYNC = 8
+    JOIN = 9
+
+
+# Fields: 0 magic, 1 kind, 2 dtype (+1000 on CUDA), 3 op, 4 root, 5 ndim, 6..13 dims,
+# 14 hash of everything that must agree, 15 aux (allgather rows, join round, buckets).
+COMPARED = (0, 1, 2, 3, 4, 5, 14)
+CUDA_FLAG = 1000
+
+
+@dataclass
+class Call:
+    """What this rank is about to run."""
+
+    kind: Kind
+    dtype: torch.dtype | None = None
+    device: str = "cpu"
+    op: int = -1
+    root: int = -1
+    shape: tuple = ()
+    agree: str = ""  # anything else every rank must match (full shape, scale factors, layout)
+    aux: int = 0
+    name: str | None = None
+
+
+def hash_text(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def _encode(call: Call) -> list[int]:
+    code = dtype_code(call.dtype) if call.dtype is not None else 0
+    if call.device == "cuda":
+        code += CUDA_FLAG
+    dims = list(call.shape)[:_DIMS] + [-1] * (_DIMS - min(len(call.shape), _DIMS))
+    return [MAGIC, int(call.kind), code, int(call.op), int(call.root), len(call.shape), *dims,
+            hash_text(call.agree), int(call.aux)]
+
+
+def exchange(ps: ProcessSet, call: Call) -> list[list[int]]:
+    """Every member's descriptor, in set-rank order (one all_gather of 16 int64 per rank)."""
+    ps.check_rounds += 1
+    mine = torch.tensor(_encode(call), dtype=torch.int64)
+    rows = torch.empty(ps.size() * WIDTH, dtype=torch.int64)
+    all_gather_flat(rows, mine, group=ps.group_for(None))
+    return rows.view(ps.size(), WIDTH).tolist()
+
+
+def exchange_async(ps: ProcessSet, call: Call):
+    """``exchange`` without waiting: a Handle whose result is the rows."""
+    from .handles import Handle
+
+    ps.check_rounds += 1
+    mine = torch.tensor(_encode(call), dtype=torch.int64)
+    rows = torch.empty(ps.size() * WIDTH, dtype=torch.int64)
+    work = all_gather_flat(rows, mine, group=ps.group_for(None), async_op=True)
+    return Handle([work], lambda: rows.view(ps.size(), WIDTH).tolist(), what="metadata check")
+
+
+def describe(row: list[int]) -> str:
+    if row[0] != MAGIC:
+        return "something that is not a ringtrain collective (a raw torch.distributed call?)"
+    kind = Kind(row[1])
+    if kind == Kind.JOIN:
+        return "join()"
+    if kind == Kind.BARRIER:
+        return "barrier()"
+    code = row[2]
+    device = "cuda " if code >= CUDA_FLAG else ""
+    dtype = CODE_DTYPE.get(code % CUDA_FLAG)
+    dtype_name = str(dtype).replace("torch.", "") if dtype is not None else "?"
+    ndim = row[5]
+    dims = [str(d) for d in row[6:6 + min(ndim, _DIMS)]] + (["..."] if ndim > _DIMS else [])
+    text = f"{kind.name.lower()}({device}{dtype_name}[{', '.join(dims)}]"
+    if row[3] == -9:
+        return text + ", invalid arguments)"
+    if row[3] >= 0:
+        text += f", op={ReduceOp(row[3]).name.title()}"
+    if row[4] >= 0:
+        text += f", root_rank={row[4]}"
+    if kind == Kind.GRAD_SYNC:
+        text += f", {row[15]} bucket(s)"
+    return text + ")"
+
+
+def mismatch(ps: ProcessSet, rows: list[list[int]]) -> RingtrainError:
+    lines = "\n".join(f"    rank {ps.global_rank(i)}: {describe(row)}" for i, row in enumerate(rows))
+    where = "all ranks" if ps.is_global else f"process set {ps.ranks}"
+    return RingtrainError(
+        f"ranks called mismatched collectives (on {where}); each asked for:\n{lines}\n"
+        "(the same shape everywhere is needed, except the first dimension of allgather/alltoall inputs)",
+        "every rank must call the same collectives in the same order with the same dtype, shape, op and "
+        "root rank; look for a branch on the rank or on data that differs per rank. The check costs one "
+        "small message per collective; turn it off with hvd.init(checks=False) or RINGTRAIN_HVD_CHECKS=0 "
+        "only once the job runs.",
+    )

@@ -1,0 +1,60 @@
+"""Gradient compression on the wire: Horovod's ``Compression.none`` and ``Compression.fp16``.
+
+A compressor turns a tensor into what travels (``compress`` -> ``(tensor, ctx)``) and
+back (``decompress(tensor, ctx)``), exactly Horovod's interface
+(horovod/torch/compression.py), so user-written compressors plug in unchanged.
+``fp16``: floating tensors travel as float16 and come back in their own dtype;
+integer tensors are left alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Compressor:
+    """Interface: subclass and override both static methods."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor):
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx):
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Send tensors as they are."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """Floating tensors travel as float16 (half the bytes); others untouched."""
+
+    @staticmethod
+    def compress(tensor):
+        dtype = tensor.dtype
+        if dtype.is_floating_point:
+            return tensor.type(torch.float16), dtype
+        return tensor, dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        if ctx is not None and ctx.is_floating_point and tensor.dtype != ctx:
+            return tensor.type(ctx)
+        return tensor
+
+
+class Compression:
+    """The compressors by Horovod's names."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor

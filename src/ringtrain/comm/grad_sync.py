@@ -1,0 +1,333 @@
+"""Gradient synchronisation by hooks: buckets of gradients reduced while backward runs.
+
+Each trainable parameter gets a hook on its gradient accumulator
+(``register_post_accumulate_grad_hook``, torch >= 2.1): when its gradient is final
+for this step (after ``backward_passes_per_step`` backward passes), it is copied
+into its bucket; when a bucket is complete, one asynchronous allreduce starts for
+the whole bucket. ``synchronize()`` starts what is left, waits for everything, and
+writes the averaged gradients back into ``p.grad``.
+
+Buckets (Horovod's tensor fusion, HOROVOD_FUSION_THRESHOLD) are fixed up front:
+parameters in reverse definition order (the order backward usually produces their
+gradients, as DDP assumes), split by dtype and device, cut when a bucket reaches
+``fusion_threshold`` bytes (0 = one parameter per bucket, fusion off); the first
+bucket is cut at 1 MiB already, so communication starts early in backward. Buckets are
+launched strictly in order, so every rank issues the same engine calls in the same
+order whatever order its hooks fire in (Horovod negotiates this through its
+coordinator; DDP uses the same in-order rule).
+
+Each bucket carries one flag per parameter — "this rank had a gradient" — reduced
+with the payload: a parameter that got no gradient on any rank keeps ``grad=None``
+(so optimizers skip it, as on one process); one that got a gradient on some ranks
+only is averaged with zeros from the others, as DDP does.
+
+With checks on, the first bucket of each step is preceded by one metadata check of
+the whole layout (not one per bucket), so a rank with a different model raises
+instead of reducing garbage, and ranks that called ``join()`` can mirror the buckets.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from ..errors import RingtrainError
+from . import join as join_module
+from . import checks, validate
+from .checks import Call, Kind, hash_text
+from .compression import NoneCompressor
+from .groups import ProcessSet
+from .ops import ReduceOp, as_op, finish_, scale_, wire
+
+DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024  # Horovod's HOROVOD_FUSION_THRESHOLD default
+# The first bucket (the last layers, whose gradients come first) is cut at 1 MiB so its
+# reduction starts early in backward, overlapping the rest — DDP's first_bucket_bytes.
+# Horovod gets the same effect from its cycle time (HOROVOD_CYCLE_TIME): whatever is ready
+# every few milliseconds goes out, without waiting for a full fusion buffer.
+FIRST_BUCKET_BYTES = 1024 * 1024
+_LIVE: "weakref.WeakValueDictionary[int, GradientSync]" = weakref.WeakValueDictionary()
+# id(param) -> (param, its GradientSync), both weak: a parameter is reduced by one sync at a time.
+_OWNERS: dict[int, tuple[weakref.ref, weakref.ref]] = {}
+
+
+class _Bucket:
+    def __init__(self, params: list[torch.Tensor]):
+        self.params = params
+        self.numels = [p.numel() for p in params]
+        self.offsets = [sum(self.numels[:i]) for i in range(len(params))]
+        self.numel = sum(self.numels)
+        self.dtype, self.device = params[0].dtype, params[0].device
+        self.buffer = torch.zeros(self.numel + len(params), dtype=self.dtype, device=self.device)
+        self.ready = 0
+        self.pending = None  # (work, wire, ctx, payload numel, payload shape)
+
+    @property
+    def payload(self) -> torch.Tensor:
+        return self.buffer[:self.numel]
+
+    @property
+    def flags(self) -> torch.Tensor:
+        return self.buffer[self.numel:]
+
+    def pack(self) -> None:
+        """Copy every gradient into the buffer in one call (missing gradients as zeros, flag 0)."""
+        pieces, flags = [], []
+        for p, numel in zip(self.params, self.numels):
+            grad = p.grad
+            if grad is None:
+                pieces.append(torch.zeros(numel, dtype=self.dtype, device=self.device))
+                flags.append(0)
+            else:
+                pieces.append((grad.to_dense() if grad.is_sparse else grad).reshape(-1))
+                flags.append(1)
+        torch.cat(pieces, out=self.payload)
+        self.flags.copy_(torch.tensor(flags, dtype=self.dtype))
+
+    def clear(self) -> None:
+        self.ready = 0
+        self.pending = None
+
+
+def plan_buckets(params: list[torch.Tensor], threshold: int, groups: list[list[torch.Tensor]] | None = None):
+    """Split ``params`` into buckets: explicit ``groups`` first, the rest by size threshold."""
+    buckets: list[list[torch.Tensor]] = []
+    grouped = set()
+    for group in groups or []:
+        members = [p for p in group if any(p is q for q in params)]
+        by_kind: dict = {}
+        for p in members:
+            by_kind.setdefault((p.dtype, p.device), []).append(p)
+            grouped.add(id(p))
+        buckets.extend(by_kind.values())
+    open_buckets: dict = {}
+    first = True
+    for p in reversed(params):
+        if id(p) in grouped:
+            continue
+        key = (p.dtype, p.device)
+        if key not in open_buckets:
+            open_buckets[key] = [[], 0, min(threshold, FIRST_BUCKET_BYTES) if first else threshold]
+            first = False
+            buckets.append(open_buckets[key][0])
+        entry = open_buckets[key]
+        entry[0].append(p)
+        entry[1] += p.numel() * p.element_size()
+        if entry[1] >= entry[2]:
+            del open_buckets[key]
+    return buckets
+
+
+class GradientSync:
+    """Reduce the gradients of ``params`` across ``process_set`` as backward produces them."""
+
+    def __init__(self, params, *, process_set: ProcessSet, op=ReduceOp.AVERAGE, prescale: float = 1.0,
+                 postscale: float = 1.0, compression=NoneCompressor, backward_passes_per_step: int = 1,
+                 fusion_threshold: int = DEFAULT_FUSION_THRESHOLD, groups=None, check: bool = True):
+        self.op = as_op(op)
+        if self.op == ReduceOp.ADASUM:
+            raise AssertionError("Adasum gradients go through the delta optimizer (optimizer.py)")
+        _positive(backward_passes_per_step)
+        unique: dict[int, torch.Tensor] = {}
+        for p in params:
+            if p.requires_grad:
+                unique.setdefault(id(p), p)
+        self.params = list(unique.values())
+        self.process_set = process_set
+        self.prescale, self.postscale = prescale, postscale
+        self.compression = compression
+        self.check = check
+        self.backward_passes_per_step = backward_passes_per_step
+        self.buckets = [_Bucket(b) for b in plan_buckets(self.params, int(fusion_threshold), groups) if b]
+        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self._delay = {id(p): backward_passes_per_step for p in self.params}
+        self._next = 0
+        self._started = False
+        self._verified = False
+        self._step_check = None
+        self.layout = (f"{self.op.name} {prescale!r} {postscale!r} {getattr(compression, '__name__', compression)} "
+                       + "; ".join(f"{b.dtype} {[tuple(p.shape) for p in b.params]}" for b in self.buckets))
+        self._hooks = []
+        self.detached = False
+        if process_set.size() > 1:
+            _LIVE[hash_text(self.layout)] = self
+            self._claim()
+            self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, id(p)))
+                           for p in self.params]
+
+    def _claim(self) -> None:
+        """Wrapping parameters again (a new optimizer after a restart, a new LR schedule ...) retires the
+        previous sync of those parameters; otherwise both would reduce every gradient."""
+        if len(_OWNERS) > 4 * len(self.params) + 4096:  # forget parameters that no longer exist
+            for key in [k for k, (param, _) in _OWNERS.items() if param() is None]:
+                del _OWNERS[key]
+        for p in self.params:
+            entry = _OWNERS.get(id(p))
+            if entry is not None and entry[0]() is p:
+                previous = entry[1]()
+                if previous is not None and previous is not self:
+                    previous.detach()
+            _OWNERS[id(p)] = (weakref.ref(p), weakref.ref(self))
+
+    def detach(self) -> None:
+        self.remove()
+        self.detached = True
+
+    # --- during backward -----------------------------------------------------
+    def _on_grad(self, pid: int, _param: torch.Tensor) -> None:
+        left = self._delay[pid]
+        if left <= 0:
+            raise RingtrainError(
+                f"gradients were computed more than backward_passes_per_step={self.backward_passes_per_step} "
+                "times before optimizer.step()",
+                "raise backward_passes_per_step to the number of backward passes you accumulate, or call "
+                "optimizer.step() (or synchronize()) after that many.",
+            )
+        self._delay[pid] = left - 1
+        if left == 1:  # this parameter's gradient is final for the step
+            bucket = self._bucket_of[pid]
+            bucket.ready += 1
+            if bucket.ready == len(bucket.params):
+                self._launch_in_order(force=False)
+
+    def _launch_in_order(self, force: bool) -> None:
+        while self._next < len(self.buckets):
+            bucket = self.buckets[self._next]
+            if not force and bucket.ready < len(bucket.params):
+                return
+            bucket.pack()  # forced: partial accumulations and missing gradients go as they are
+            self._launch(bucket)
+            self._next += 1
+
+    def _layout_call(self) -> Call:
+        return Call(Kind.GRAD_SYNC, self.buckets[0].dtype if self.buckets else None, "cpu", int(self.op),
+                    shape=(sum(b.numel for b in self.buckets),), agree=self.layout, aux=len(self.buckets))
+
+    def _wire(self, bucket: _Bucket):
+        payload = bucket.payload
+        compressed, ctx = self.compression.compress(payload)
+        if compressed is payload:  # no compression: reduce the bucket's own buffer, flags included
+            return bucket.buffer, ctx, compressed.numel(), compressed.shape
+        flat = compressed.reshape(-1)
+        return torch.cat([flat, bucket.flags.to(flat.dtype)]), ctx, flat.numel(), compressed.shape
+
+    def _launch(self, bucket: _Bucket) -> None:
+        if not self._started:
+            self._started = True
+            if self.check and self.process_set.size() > 1:
+                if not self._verified:
+                    # First step: a blocking check, so a rank with another model raises before
+                    # any bucket is reduced (mismatched bucket sizes would hang the engine).
+                    validate.run(self.process_set, self._layout_call(), True, allow_joined=True)
+                    self._verified = True
+                else:
+                    # Later steps: the layout is known to agree; the descriptor still goes out (ranks
+                    # that joined learn from it what to mirror) but is only read in synchronize(),
+                    # so backward never waits for it.
+                    self._step_check = checks.exchange_async(self.process_set, self._layout_call())
+        buffer, ctx, size, shape = self._wire(bucket)
+        scale_(buffer[:size], self.prescale)
+        _, engine_op = wire(buffer.dtype, self.op)
+        work = dist.all_reduce(buffer, op=engine_op, group=self.process_set.group_for(buffer), async_op=True)
+        bucket.pending = (work, buffer, ctx, size, shape)
+
+    # --- at step ----------------------------------------------------------------
+    @property
+    def pending(self) -> bool:
+        """True between the first gradient hook of a step and ``synchronize()``."""
+        return any(left != self.backward_passes_per_step for left in self._delay.values())
+
+    def synchronize(self) -> None:
+        """Reduce every bucket not yet reduced, wait for all, write results into ``p.grad``."""
+        if self.detached:
+            raise RingtrainError(
+                "this DistributedOptimizer's parameters were wrapped again by a newer DistributedOptimizer, "
+                "which now reduces their gradients",
+                "step the newest DistributedOptimizer; the older one no longer synchronizes anything.",
+            )
+        if self.process_set.size() > 1 and self.buckets:
+            self._launch_in_order(force=True)
+            if self._step_check is not None:
+                rows = self._step_check.wait()
+                self._step_check = None
+                validate.compare(self.process_set, rows, allow_joined=True)
+            for bucket in self.buckets:
+                self._complete(bucket)
+        self._reset()
+
+    def _complete(self, bucket: _Bucket) -> None:
+        work, buffer, ctx, size, shape = bucket.pending
+        work.wait()
+        result = self.compression.decompress(buffer[:size].view(shape), ctx).reshape(-1)
+        if result.dtype != bucket.dtype:
+            result = result.to(bucket.dtype)
+        finish_(result, self.op, self.postscale, self.process_set.size())
+        flags = buffer[size:].tolist()
+        with torch.no_grad():
+            for slot, p in enumerate(bucket.params):
+                if flags[slot] <= 0:
+                    continue
+                start = bucket.offsets[slot]
+                value = result[start:start + bucket.numels[slot]].view(p.shape)
+                if p.grad is None:
+                    p.grad = value.clone()
+                else:
+                    p.grad.copy_(value)
+
+    def _reset(self) -> None:
+        for bucket in self.buckets:
+            bucket.clear()
+        for pid in self._delay:
+            self._delay[pid] = self.backward_passes_per_step
+        self._next = 0
+        self._started = False
+
+    def abandon(self) -> None:
+        """Forget this step's gradients (after waiting for reductions already in flight)."""
+        for bucket in self.buckets:
+            if bucket.pending is not None:
+                bucket.pending[0].wait()
+        if self._step_check is not None:
+            self._step_check.wait()
+            self._step_check = None
+        self._reset()
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        _positive(passes)
+        self.backward_passes_per_step = passes
+        for pid in self._delay:
+            self._delay[pid] = passes
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    def mirror_for_join(self) -> None:
+        """Take part in this layout's bucket reductions with zeros (this rank has joined)."""
+        for bucket in self.buckets:
+            buffer, _, _, _ = self._wire(bucket)
+            zeros = torch.zeros_like(buffer)
+            _, engine_op = wire(zeros.dtype, self.op)
+            dist.all_reduce(zeros, op=engine_op, group=self.process_set.group_for(zeros))
+
+
+def _positive(passes) -> None:
+    if not isinstance(passes, int) or passes < 1:
+        raise RingtrainError(f"backward_passes_per_step={passes!r}", "use a positive integer (1 = no accumulation).")
+
+
+def _mirror(row: list[int], ps: ProcessSet) -> None:
+    sync = _LIVE.get(row[14])
+    if sync is None:
+        raise RingtrainError(
+            "this rank has joined, and the other ranks are synchronising gradients of a DistributedOptimizer "
+            "that this rank does not have",
+            "create the same DistributedOptimizer (same model) on every rank before any rank joins.",
+        )
+    sync.mirror_for_join()
+
+
+join_module.MIRRORS[Kind.GRAD_SYNC] = _mirror

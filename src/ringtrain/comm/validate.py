@@ -1,0 +1,59 @@
+"""Running the metadata check (or not), including arguments that are wrong on one rank only.
+
+A rank whose own arguments are invalid (a root outside the set, splits that do not
+add up) must not simply raise: its peers would then wait in the collective forever.
+With checks on it still takes part in the exchange, marked invalid, and every rank
+raises — the faulty one with its own message, the others naming it.
+"""
+
+from __future__ import annotations
+
+from ..errors import RingtrainError
+from . import checks
+from .groups import ProcessSet
+
+INVALID_OP = -9
+
+
+def run(ps: ProcessSet, call: checks.Call, enabled: bool, problem: RingtrainError | None = None,
+        allow_joined: bool = False) -> list[list[int]] | None:
+    """Check ``call`` across ``ps`` when ``enabled``; return the gathered rows (None when unchecked)."""
+    if not enabled or ps.size() == 1:
+        if problem is not None:
+            raise problem
+        return None
+    if problem is not None:
+        call.op, call.agree = INVALID_OP, "invalid"
+    rows = checks.exchange(ps, call)
+    bad = [i for i, row in enumerate(rows) if row[0] == checks.MAGIC and row[3] == INVALID_OP]
+    if problem is not None:
+        raise problem
+    if bad:
+        who = [ps.global_rank(i) for i in bad]
+        raise RingtrainError(
+            f"rank(s) {who} called {call.kind.name.lower()} with invalid arguments, so no rank ran it",
+            f"see the error raised on rank(s) {who}.",
+        )
+    compare(ps, rows, allow_joined)
+    return rows
+
+
+def compare(ps: ProcessSet, rows: list[list[int]], allow_joined: bool) -> None:
+    """Raise unless every active member's descriptor agrees (and joined ranks are allowed)."""
+    active = [row for row in rows if row[0] == checks.MAGIC and row[1] != checks.Kind.JOIN]
+    joined = [i for i, row in enumerate(rows) if row[0] == checks.MAGIC and row[1] == checks.Kind.JOIN]
+    reference = active[0]
+    if any(row[0] != checks.MAGIC for row in rows) or any(
+        row[f] != reference[f] for row in active for f in checks.COMPARED
+    ):
+        raise checks.mismatch(ps, rows)
+    if joined and not allow_joined:
+        raise joined_error(ps, reference, joined)
+
+
+def joined_error(ps: ProcessSet, reference: list[int], joined: list[int]) -> RingtrainError:
+    return RingtrainError(
+        f"{checks.describe(reference)} was called while rank(s) {[ps.global_rank(i) for i in joined]} "
+        "had already called join(); joined ranks only take part in allreduce and barrier",
+        "call join() only after the last collective other than allreduce (as in Horovod).",
+    )

@@ -1,0 +1,3 @@
+"""``horovod``, as provided by ringtrain for unmodified Horovod scripts (see ``ringtrain.horovod``)."""
+
+__version__ = "0.28.1"

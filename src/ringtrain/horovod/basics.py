@@ -1,0 +1,261 @@
+"""``hvd.init()`` and the questions a Horovod script asks about its job.
+
+``init()`` joins the job the same way ``ringtrain.Ring`` does: the environment is
+detected by ``ringtrain.environments`` (torchrun / ``ringtrain run``, Slurm, MPI,
+``horovodrun``'s HOROVOD_* variables ...) and the process group is formed by the
+DDP strategy's code (``DDPStrategy.setup_environment``): NCCL when each process has
+a GPU, Gloo otherwise. With no launcher it is a job of one process and no group is
+needed. Under NCCL a Gloo twin of every process set carries CPU tensors.
+
+Read at ``init()``, as Horovod reads them: ``HOROVOD_FUSION_THRESHOLD`` (bytes per
+gradient bucket, default 64 MiB) and ``RINGTRAIN_HVD_CHECKS=0`` (turn the
+cross-rank metadata check off; ``init(checks=False)`` does the same).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from .. import environments
+from ..comm import DEFAULT_FUSION_THRESHOLD, GLOBAL, ProcessSet, ProcessSetTable, ReduceOp
+from ..errors import RingtrainError
+from ..strategies.ddp import DDPStrategy
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Adasum = ReduceOp.ADASUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+global_process_set = GLOBAL
+
+
+class NotInitializedError(RingtrainError, ValueError):
+    """Raised by queries before ``init()`` (a ValueError, as Horovod raises)."""
+
+
+class _Runtime:
+    def __init__(self) -> None:
+        self.initialized = False
+        self.strategy: DDPStrategy | None = None
+        self.env = None
+        self.checks = True
+        self.fusion_threshold = DEFAULT_FUSION_THRESHOLD
+        self.local_rank = 0
+        self.local_size = 1
+        self.cross_rank = 0
+        self.cross_size = 1
+        self.homogeneous = True
+        self.table = ProcessSetTable()
+
+
+RUNTIME = _Runtime()
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError as e:
+        raise RingtrainError(f"{name}={value!r} is not an integer", f"set {name} to a number of bytes or unset it.") from e
+
+
+def init(comm=None, process_sets=None, *, checks: bool | None = None) -> None:
+    """Join the job (a no-op if already initialized). ``process_sets``: sets to register now, or "dynamic"."""
+    if comm is not None:
+        raise RingtrainError(
+            "hvd.init(comm=...) was given an MPI communicator; ringtrain runs on torch.distributed, not MPI",
+            "call hvd.init() and use process sets (hvd.add_process_set) for subsets of ranks.",
+        )
+    rt = RUNTIME
+    if not rt.initialized:
+        env = environments.detect()
+        if not dist.is_initialized() and env.world_size > 1:
+            # Horovod never picks devices; NCCL (through DDP's choice) only when every local
+            # rank has its own GPU, Gloo otherwise (Gloo also moves CUDA tensors for most ops).
+            enough_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= env.local_world_size
+            strategy = DDPStrategy(env, device="auto" if enough_gpus else "cpu")
+            strategy.setup_environment()
+            rt.strategy = strategy
+            atexit.register(strategy.teardown)
+        rt.env = env
+        rt.checks = os.environ.get("RINGTRAIN_HVD_CHECKS", "1") not in ("0", "false", "False") if checks is None else checks
+        rt.fusion_threshold = _env_int("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD)
+        rt.table.reset()
+        GLOBAL.bind()
+        _topology(rt, env)
+        rt.initialized = True
+    elif checks is not None:
+        rt.checks = checks
+    if process_sets is not None and process_sets != "dynamic":
+        for ps in process_sets:
+            if ps.process_set_id is None:
+                rt.table.add(ps)
+
+
+def _topology(rt: _Runtime, env) -> None:
+    """Local and cross ranks (cross = the ranks sharing this local rank, one per node)."""
+    size = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    local = (env.local_rank, env.local_world_size) if env.world_size == size else (rank, size)
+    everyone = [local]
+    if size > 1:
+        everyone = [None] * size
+        dist.all_gather_object(everyone, local, group=GLOBAL.group_for(None))
+    rt.local_rank, rt.local_size = local
+    peers = [r for r, (lr, _) in enumerate(everyone) if lr == rt.local_rank]
+    rt.cross_rank, rt.cross_size = peers.index(rank), len(peers)
+    rt.homogeneous = len({ls for _, ls in everyone}) == 1
+
+
+def shutdown() -> None:
+    """Leave Horovod (process sets go with it); ``init()`` may be called again.
+
+    The engine's process group itself stays until the process exits: torch reuses a
+    destroyed default group's store keys when it is formed again on the same store,
+    so a second rendezvous would read the first one's stale addresses and hang.
+    ``init()`` after ``shutdown()`` (Horovod's pattern, and elastic resets) adopts it.
+    """
+    rt = RUNTIME
+    if not rt.initialized:
+        return
+    rt.table.reset()
+    rt.initialized = False
+
+
+def is_initialized() -> bool:
+    return RUNTIME.initialized
+
+
+def require_init() -> _Runtime:
+    if not RUNTIME.initialized:
+        raise NotInitializedError("Horovod has not been initialized; use hvd.init().",
+                                  "call hvd.init() once at the start of the script, before any other hvd call.")
+    return RUNTIME
+
+
+def size() -> int:
+    require_init()
+    return GLOBAL.size()
+
+
+def rank() -> int:
+    require_init()
+    return GLOBAL.rank()
+
+
+def local_size() -> int:
+    return require_init().local_size
+
+
+def local_rank() -> int:
+    return require_init().local_rank
+
+
+def cross_size() -> int:
+    return require_init().cross_size
+
+
+def cross_rank() -> int:
+    return require_init().cross_rank
+
+
+def is_homogeneous() -> bool:
+    return require_init().homogeneous
+
+
+# --- what was built / what runs: answered from what torch provides -------------
+def mpi_built() -> bool:
+    return dist.is_available() and dist.is_mpi_available()
+
+
+def mpi_enabled() -> bool:
+    return RUNTIME.initialized and dist.is_initialized() and dist.get_backend() == "mpi"
+
+
+def mpi_threads_supported() -> bool:
+    if not mpi_enabled():
+        raise ValueError("Horovod MPI is not enabled; Please make sure it's installed and enabled.")
+    return True
+
+
+def gloo_built() -> bool:
+    return dist.is_available() and dist.is_gloo_available()
+
+
+def gloo_enabled() -> bool:
+    """True when CPU tensors travel over Gloo in this job (the backend, or the twin under NCCL)."""
+    return RUNTIME.initialized and dist.is_initialized() and (
+        dist.get_backend() == "gloo" or GLOBAL.group_for(None) is not None)
+
+
+def nccl_built() -> int:
+    """The NCCL version code torch was built with (e.g. 22105 for 2.21.5), 0 without NCCL."""
+    if not (dist.is_available() and dist.is_nccl_available() and torch.version.cuda):
+        return 0
+    try:
+        major, minor, patch = torch.cuda.nccl.version()[:3]
+    except (RuntimeError, AttributeError, TypeError):
+        return 0
+    # NCCL's own NCCL_VERSION_CODE rule (nccl.h): the encoding widened at 2.9.
+    return major * 1000 + minor * 100 + patch if (major, minor) <= (2, 8) else major * 10000 + minor * 100 + patch
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return torch.version.cuda is not None
+
+
+def rocm_built() -> bool:
+    return getattr(torch.version, "hip", None) is not None
+
+
+_TIMELINE_WARNED = False
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    global _TIMELINE_WARNED
+    if not _TIMELINE_WARNED:
+        warnings.warn("ringtrain.horovod records no Horovod timeline; use torch.profiler for traces", RuntimeWarning,
+                      stacklevel=2)
+        _TIMELINE_WARNED = True
+
+
+def stop_timeline() -> None:
+    return None
+
+
+# --- process sets ---------------------------------------------------------------
+def add_process_set(process_set) -> ProcessSet:
+    """Register a set (a ProcessSet or a list of ranks) on every rank, collectively; returns it."""
+    return require_init().table.add(process_set)
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    return require_init().table.remove(process_set)
+
+
+def resolve(process_set) -> ProcessSet:
+    """The registered ProcessSet a collective runs on (``None`` means the global set)."""
+    require_init()
+    if process_set is None:
+        return GLOBAL
+    if not isinstance(process_set, ProcessSet):
+        raise RingtrainError(f"process_set={process_set!r} is not a ProcessSet",
+                             "pass hvd.global_process_set or a set returned by hvd.add_process_set().")
+    return process_set

@@ -1,0 +1,203 @@
+"""Horovod's collectives by Horovod's names, signatures and defaults (horovod/torch/mpi_ops.py, 0.28).
+
+Every function here only translates arguments (deprecated ``average``, process
+sets, compression) and hands over to ``ringtrain.comm``; the differentiable forms
+go through ``autograd.py``. Async forms return handles for ``poll``/``synchronize``.
+Tensors need not be contiguous (Horovod requires it; we copy when needed).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .. import comm
+from ..comm import Compression, Handle
+from . import autograd
+from .basics import RUNTIME, Average, Sum, global_process_set, require_init, resolve
+
+
+def _op(op, average):
+    """Horovod's ``handle_average_backwards_compatibility``."""
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return Average if op is None else op
+
+
+def _checks() -> bool:
+    return RUNTIME.checks
+
+
+# --- allreduce ---------------------------------------------------------------------
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set) -> Handle:
+    return comm.allreduce(tensor, _op(op, average), prescale=prescale_factor, postscale=postscale_factor,
+                          process_set=resolve(process_set), check=_checks(), name=name)
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=global_process_set):
+    """Reduce over all ranks (Average by default); differentiable; the input is not modified."""
+    op = _op(op, average)
+    compressed, ctx = compression.compress(tensor)
+    reduced = autograd.Allreduce.apply(compressed, op, prescale_factor, postscale_factor, resolve(process_set), name)
+    return compression.decompress(reduced, ctx)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set) -> Handle:
+    return comm.allreduce(tensor, _op(op, average), prescale=prescale_factor, postscale=postscale_factor,
+                          process_set=resolve(process_set), inplace=True, check=_checks(), name=name)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=global_process_set):
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                            process_set=global_process_set) -> Handle:
+    return comm.grouped_allreduce(tensors, _op(op, average), prescale=prescale_factor, postscale=postscale_factor,
+                                  process_set=resolve(process_set), check=_checks(), name=name)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    op = _op(op, average)
+    if not tensors:
+        return []
+    compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
+    reduced = autograd.GroupedAllreduce.apply(op, prescale_factor, postscale_factor, resolve(process_set), name,
+                                              *compressed)
+    return [compression.decompress(t, ctx) for t, ctx in zip(reduced, ctxs)]
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                             process_set=global_process_set) -> Handle:
+    return comm.grouped_allreduce(tensors, _op(op, average), prescale=prescale_factor, postscale=postscale_factor,
+                                  process_set=resolve(process_set), inplace=True, check=_checks(), name=name)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=global_process_set):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
+                                                process_set))
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> Handle:
+    """Horovod's sparse path: allgather indices and values (Average divides the values)."""
+    ps = resolve(process_set)
+    t = tensor.coalesce() if tensor.is_sparse else tensor.to_sparse()
+    indices = comm.allgather(t.indices().transpose(0, 1).contiguous(), process_set=ps, check=_checks(),
+                             name=f"{name}.indices")
+    values = comm.allgather(t.values(), process_set=ps, check=_checks(), name=f"{name}.values")
+
+    def finish():
+        gathered = values.wait()
+        if op == Average:
+            gathered = gathered / ps.size()
+        return torch.sparse_coo_tensor(indices.wait().transpose(0, 1), gathered, t.size())
+
+    return Handle([indices, values], finish, what="sparse allreduce")
+
+
+# --- allgather, broadcast, alltoall, reducescatter ------------------------------------
+def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
+    return comm.allgather(tensor, process_set=resolve(process_set), check=_checks(), name=name)
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Concatenate every rank's tensor along dim 0 (first dimensions may differ); differentiable."""
+    return autograd.Allgather.apply(tensor, resolve(process_set), name)
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
+    return comm.grouped_allgather(tensors, process_set=resolve(process_set), check=_checks(), name=name)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    return [allgather(t, name, process_set) for t in tensors]
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
+    return comm.broadcast(tensor, root_rank, process_set=resolve(process_set), check=_checks(), name=name)
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """Rank ``root_rank``'s tensor on every rank, as a new tensor; differentiable."""
+    return autograd.Broadcast.apply(tensor, root_rank, resolve(process_set), name)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
+    return comm.broadcast(tensor, root_rank, process_set=resolve(process_set), inplace=True, check=_checks(),
+                          name=name)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
+    return comm.alltoall(tensor, splits, process_set=resolve(process_set), check=_checks(), name=name)
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Scatter rows to every rank and gather theirs; with ``splits``, also return the received splits."""
+    output, received = autograd.Alltoall.apply(tensor, splits, resolve(process_set), name)
+    return output if splits is None else (output, received)
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
+                        postscale_factor=1.0) -> Handle:
+    return comm.reducescatter(tensor, op, prescale=prescale_factor, postscale=postscale_factor,
+                              process_set=resolve(process_set), check=_checks(), name=name)
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce, then give rank i its block of rows (the first ``rows % size`` ranks get one more)."""
+    compressed, ctx = compression.compress(tensor)
+    reduced = autograd.Reducescatter.apply(compressed, op, prescale_factor, postscale_factor, resolve(process_set),
+                                           name)
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0) -> Handle:
+    return comm.grouped_reducescatter(tensors, op, prescale=prescale_factor, postscale=postscale_factor,
+                                      process_set=resolve(process_set), check=_checks(), name=name)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    return [reducescatter(t, name, compression, op, process_set, prescale_factor, postscale_factor) for t in tensors]
+
+
+# --- handles and synchronisation -------------------------------------------------------
+def poll(handle: Handle) -> bool:
+    """True when the operation behind ``handle`` has finished (``synchronize`` will not block)."""
+    return handle.poll()
+
+
+def synchronize(handle: Handle):
+    """Wait for an async operation; return its output (a tuple for alltoall)."""
+    return handle.wait()
+
+
+def join(device=-1) -> int:
+    """This rank is out of data: take part with zeros in the others' allreduces until all join.
+
+    Returns the rank that joined last. ``device``: where zero CUDA tensors go (-1 = current).
+    """
+    require_init()
+    where = torch.device("cuda", device) if isinstance(device, int) and device >= 0 else None
+    return comm.join(process_set=global_process_set, check=_checks(), device=where)
+
+
+def barrier(process_set=global_process_set) -> None:
+    comm.barrier(process_set=resolve(process_set), check=_checks())

@@ -1,0 +1,121 @@
+"""Horovod-style data parallelism: the model stays unwrapped, the optimizer averages gradients.
+
+Instead of wrapping the module in DistributedDataParallel, this strategy wraps the
+optimizer in ringtrain's DistributedOptimizer (``ringtrain.comm``, the machinery
+behind ``ringtrain.horovod``): hooks reduce gradient buckets while backward runs,
+``optimizer.step()`` waits for them. Gradient accumulation maps to
+``backward_passes_per_step``; fp16 compression halves the bytes on the wire.
+The process group is formed exactly as for DDP (``DDPStrategy`` does it).
+Cross-rank checks of the gradient path are off unless ``enable_collective_checks``
+(``Ring(debug_collectives=...)``) turns them on, as for the ring's other collectives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import comm
+from ..comm import GLOBAL, Compression, DEFAULT_FUSION_THRESHOLD
+from ..environments import Environment
+from ..errors import RingtrainError
+from .base import Strategy
+from .ddp import DDPStrategy
+
+COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16}
+
+
+def compression_of(value) -> type:
+    """``"none"`` / ``"fp16"`` / a Compressor class -> the Compressor class."""
+    if isinstance(value, str):
+        if value not in COMPRESSIONS:
+            raise RingtrainError(f"compression={value!r}", f"use one of {sorted(COMPRESSIONS)} or a Compressor class.")
+        return COMPRESSIONS[value]
+    if not (hasattr(value, "compress") and hasattr(value, "decompress")):
+        raise RingtrainError(f"compression={value!r} has no compress/decompress",
+                             "pass 'none', 'fp16', or a class like ringtrain.comm.Compression.fp16.")
+    return value
+
+
+class HvdStrategy(Strategy):
+    name = "hvd"
+
+    def __init__(
+        self,
+        env: Environment,
+        *,
+        device: str = "auto",
+        backend: str | None = None,
+        init_method: str | None = None,
+        timeout: datetime.timedelta = datetime.timedelta(minutes=30),
+        fusion_threshold: int = DEFAULT_FUSION_THRESHOLD,
+        check: bool = False,
+        backward_passes_per_step: int = 1,
+        compression: Any = "none",
+    ):
+        super().__init__(env)
+        # The process group is DDP's business; reuse it rather than copy it.
+        self._group = DDPStrategy(env, device=device, backend=backend, init_method=init_method, timeout=timeout)
+        self.fusion_threshold = fusion_threshold
+        self.check = check
+        self.backward_passes_per_step = backward_passes_per_step
+        self.compression = compression_of(compression)
+
+    @property
+    def device(self) -> torch.device:
+        return self._group.device
+
+    @property
+    def backend(self) -> str:
+        return self._group.backend
+
+    def setup_environment(self) -> None:
+        self._group.setup_environment()
+        GLOBAL.bind()  # under NCCL, a Gloo twin for CPU tensors
+
+    def teardown(self) -> None:
+        self._group.teardown()
+
+    def enable_collective_checks(self, timeout: float) -> None:
+        """Ring(debug_collectives=...): the ring's collectives (DDP's store checker) and every gradient
+        synchronisation (ringtrain.comm's metadata check) are checked across ranks first."""
+        self._group.enable_collective_checks(timeout)
+        self.checker = self._group.checker
+        self.check = True
+
+    def wrap_module(self, module: nn.Module, **wrap_kwargs: Any) -> nn.Module:
+        """The module itself, with rank 0's parameters and buffers on every rank (DDP's options do not apply)."""
+        comm.broadcast_parameters(module.state_dict(), 0, process_set=GLOBAL, check=self.check)
+        return module
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module, backward_passes_per_step: int = 1,
+                       compression="none", op=comm.ReduceOp.AVERAGE) -> torch.optim.Optimizer:
+        """A DistributedOptimizer over ``model``'s parameters, starting from rank 0's optimizer state."""
+        wrapped = comm.distributed_optimizer(
+            optimizer, list(model.named_parameters()), compression=compression_of(compression),
+            backward_passes_per_step=backward_passes_per_step, op=op, process_set=GLOBAL,
+            fusion_threshold=self.fusion_threshold, check=self.check,
+        )
+        comm.broadcast_optimizer_state(wrapped, 0, process_set=GLOBAL, check=self.check)
+        return wrapped
+
+    # --- the Strategy contract: the Ring's optimizer is a DistributedOptimizer ------------
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> torch.optim.Optimizer:
+        # Ring(accumulate=k) -> backward_passes_per_step=k: gradients travel once per window.
+        return self.wrap_optimizer(optimizer, module, backward_passes_per_step=self.backward_passes_per_step,
+                                   compression=self.compression)
+
+    def sync_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        # Horovod's recipe for clipping or loss scaling: synchronize(), then step in skip_synchronize().
+        if comm.is_distributed(optimizer) and not getattr(optimizer, "_synchronized", False):
+            optimizer.synchronize()
+
+    def step_context(self, optimizer: torch.optim.Optimizer):
+        if not comm.is_distributed(optimizer) or not hasattr(optimizer, "_sync"):
+            return contextlib.nullcontext()  # Adasum's delta optimizer combines inside step()
+        self.sync_gradients(optimizer)
+        return optimizer.skip_synchronize()
