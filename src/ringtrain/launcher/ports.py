@@ -51,6 +51,25 @@ def is_loopback(addr: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
 
 
+def loopback_interface() -> str | None:
+    """Name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS), if there is one."""
+    names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
+    return next((name for name in ("lo", "lo0") if name in names), None)
+
+
+def keep_gloo_on_loopback(environ: dict) -> None:
+    """On a one-machine job, make Gloo listen on loopback only (unless the user chose an interface).
+
+    Gloo picks the address its hostname resolves to, which on many machines is the LAN
+    address: every worker would then accept unauthenticated connections from the
+    network for the whole run. ``GLOO_SOCKET_IFNAME`` is Gloo's documented switch
+    (https://pytorch.org/docs/stable/distributed.html#common-environment-variables).
+    """
+    lo = loopback_interface()
+    if lo is not None:
+        environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+
+
 def bind_listener(addr: str, port: int) -> socket.socket:
     """A listening socket on ``port`` (0 = any free one), on loopback only if ``addr`` is loopback.
 

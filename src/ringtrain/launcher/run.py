@@ -10,8 +10,9 @@ Everything after the script (or module) name is passed to it untouched. Each pro
 (a "worker") runs the script as ``python script.py args`` would, with the variables
 below telling it its place in the job. ``ringtrain run`` is torchrun's elastic agent
 (``torch.distributed.run``) with safer defaults: a free port on a single node, a
-rendezvous that listens on loopback only when the job is on one machine, a timeout on
-joining, both spellings of ``--local_rank`` for old scripts, and a short report naming
+rendezvous (and Gloo) that listen on loopback only when the job is on one machine, a
+timeout on joining, restarts that start from a clean store, workers that die with the
+launcher, both spellings of ``--local_rank`` for old scripts, and a short report naming
 the rank that failed first.
 
 Examples
@@ -51,7 +52,50 @@ passes nothing; torch.distributed.launch always passes ``--local-rank``, which b
 scripts declaring only ``--local_rank``: "unrecognized arguments: --local-rank=0".)
 
 Elastic jobs (``--nnodes MIN:MAX``) use torchrun's c10d rendezvous on
-``--master-addr:--master-port``; ``--node-rank`` is then ignored.
+``--master-addr:--master-port``; ``--node-rank`` is then ignored. The job starts once MIN
+nodes have joined and no more arrived for ``--timeout``/2 seconds (at most 30)::
+
+    ringtrain run --nnodes 1:4 --nproc-per-node 8 --max-restarts 3 \\
+        --master-addr 10.0.0.1 --master-port 29500 train.py
+
+Restarts and resuming
+---------------------
+
+With ``--max-restarts K``, a worker that fails makes the agent stop every worker of its
+node and start them all again, up to K times (an elastic job also restarts its workers
+when nodes join or leave). ``TORCHELASTIC_RESTART_COUNT`` tells the script which attempt
+it is. The script runs again from the top, so it must resume by itself;
+``ringtrain.Ring(checkpoint_dir="ckpt", save_every=N)`` does that in ``ring.setup`` from the
+newest complete checkpoint (printing ``ringtrain: resumed from ...``): model, optimizer,
+gradient scaler, epoch and step, each rank's RNG, and the position inside the epoch of
+every ``ring.loader``. The run then ends with the parameters an uninterrupted run would
+have, every sample trained on as often; the steps after that checkpoint (fewer than N)
+are done again.
+
+Each attempt's workers get a new, empty store (``MASTER_PORT`` changes from the second
+attempt on): torchrun 2.13 hands restarted workers the previous attempt's store, where
+they can read a dead peer's address and fail to connect (see rendezvous.py).
+
+When the world size changes on restart (an elastic job restarting with another number
+of nodes, or a job resumed with another ``--nproc-per-node``), ``ring.setup`` still loads
+the newest checkpoint, and:
+
+* model, optimizer, gradient scaler, epoch and optimizer-step count are restored as saved;
+* each rank's RNG state is restored only if the world size is unchanged (the states are
+  per rank); otherwise every rank keeps the stream ``Ring(seed=s)`` gave it (s + rank):
+  deterministic, but not the stream an uninterrupted run would have drawn;
+* the data is re-sharded deterministically: an epoch's order depends only on the seed
+  and the epoch, and rank r of W takes every W-th sample of it. A checkpoint taken at the
+  end of an epoch therefore loses and repeats nothing. A checkpoint taken mid-epoch
+  records only how many batches each rank had taken: b batches of B samples on W_old
+  ranks, i.e. the first b*B*W_old samples of the epoch's order. Each new rank skips b
+  batches of its new shard, i.e. the first b*B*W_new. With more ranks than before, the
+  samples between positions b*B*W_old and b*B*W_new of that epoch are never trained on;
+  with fewer, those between b*B*W_new and b*B*W_old are trained on twice
+  (tests/test_faults.py shows it). Later epochs are whole. To change the world size
+  without either, resume from a checkpoint taken at the end of an epoch;
+* the global batch becomes per-device batch x new world size x accumulation: adjust the
+  learning rate yourself if that matters.
 
 Environment variables set for workers
 -------------------------------------
@@ -71,6 +115,12 @@ The torchrun contract, so ``dist.init_process_group(backend)`` (``env://``) and
 * ``OMP_NUM_THREADS=1`` when it is unset and there is more than one worker per node, as
   torchrun does (with the same warning); set it yourself to tune CPU threads.
 * ``CUDA_VISIBLE_DEVICES`` when ``--gpus`` is given.
+* ``GLOO_SOCKET_IFNAME`` = the loopback interface (``lo``) when the job is on one machine
+  (``--nnodes 1``, loopback ``--master-addr``) and it is unset, so that Gloo listens on
+  127.0.0.1 only instead of the address the host name resolves to.
+* For elastic jobs, the agent runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless it
+  is set: rank 0's worker then hosts the workers' store (a new one for every attempt),
+  and ``TORCHELASTIC_USE_AGENT_STORE`` is ``False``.
 
 Failure modes
 -------------
@@ -95,12 +145,32 @@ Failure modes
    starts.
 7. Ctrl-C or SIGTERM to ``ringtrain run``: forwarded to the workers, which are stopped;
    exit code 128 + the signal number.
-8. A hang *inside* training (a rank stuck in a collective its peers never call) is not
-   a launcher failure: the process group's own timeout applies
-   (``init_process_group(timeout=...)``; by default 10 minutes for NCCL, 30 for Gloo).
+8. ``ringtrain run`` itself killed (``kill -9``, the OOM killer): on Linux its workers
+   are killed with it (``PR_SET_PDEATHSIG``), so none is left holding a GPU or waiting in
+   a collective. Processes the workers started themselves get no such signal.
+9. A rank waiting in a collective when a peer dies or raises is stopped with the rest
+   (failure mode 1), within seconds. A hang *inside* training with every rank alive (a
+   collective some ranks never call) is not a launcher failure: the process group's own
+   timeout applies (``init_process_group(timeout=...)`` or ``Ring(timeout=...)``; by
+   default 10 minutes for NCCL, 30 for Gloo).
 
 Exit codes: 0 success, 1 a worker or the rendezvous failed, 2 wrong arguments,
 128+N stopped by signal N.
+
+Security
+--------
+
+torch.distributed has no authentication and no encryption. Anyone who can reach the
+job's ports can join the rendezvous store, read and write its keys, or connect to the
+workers' Gloo/NCCL sockets, and the objects ranks exchange (``all_gather_object``,
+``broadcast_object_list``) are unpickled, which can run code. On one machine (the
+default ``--master-addr 127.0.0.1``), ``ringtrain run`` listens on 127.0.0.1 only: the
+store on loopback, and Gloo on loopback through ``GLOO_SOCKET_IFNAME``. A multi-node job
+must listen on an address the other nodes reach, and so does every worker's Gloo/NCCL
+socket: run multi-node jobs (and elastic ones, whose c10d stores listen on every
+interface even with a loopback ``--master-addr``) only on a trusted network — a private
+cluster network or VPN, with the ports firewalled from everything else. Checkpoints are
+read with ``weights_only=True``.
 """
 
 from __future__ import annotations
@@ -284,7 +354,13 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
 
 
 def torchrun_argv(plan: Plan, port: int) -> list[str]:
-    """The command line torchrun's own parser gets, so its defaults and checks all apply."""
+    """The command line torchrun's own parser gets, so its defaults and checks all apply.
+
+    It ends with the worker entry point only: the script's arguments never go through
+    torchrun's parser (see ``torchrun_args``).
+    """
+    from .rendezvous import BACKEND
+
     argv = ["--nnodes", plan.nnodes, "--nproc-per-node", plan.nproc, "--max-restarts", str(plan.max_restarts)]
     if plan.elastic:
         # Elastic membership needs the c10d rendezvous (torch/distributed/run.py, "Elastic").
@@ -295,13 +371,33 @@ def torchrun_argv(plan: Plan, port: int) -> list[str]:
                  "--rdzv-id", f"ringtrain-{port}",
                  "--rdzv-conf", f"join_timeout={plan.timeout},last_call_timeout={last_call}"]
     else:
-        # Static rendezvous: explicit ranks and master, and a bounded wait for the other nodes.
-        argv += ["--rdzv-backend", "static", "--node-rank", str(plan.node_rank), "--master-addr",
-                 plan.master_addr, "--master-port", str(port), "--rdzv-conf", f"timeout={plan.timeout}"]
+        # torchrun's static rendezvous (explicit node ranks, node 0 hosts the store, a bounded
+        # wait for the other nodes), but with an empty store for each restart: rendezvous.py.
+        bare = plan.master_addr.strip("[]")
+        host = f"[{bare}]" if ":" in bare else bare  # an IPv6 address goes in brackets
+        argv += ["--rdzv-backend", BACKEND, "--rdzv-endpoint", f"{host}:{port}",
+                 "--rdzv-conf", f"rank={plan.node_rank},timeout={plan.timeout}"]
     if plan.log_dir:
         argv += ["--log-dir", plan.log_dir]
+    return argv + [WORKER]
+
+
+def torchrun_args(plan: Plan, port: int):
+    """torchrun's parsed arguments, with the worker's (and so the script's) arguments set directly.
+
+    Letting torchrun's parser see the script's arguments breaks scripts: argparse resolves
+    abbreviations of its own options even inside the REMAINDER that would swallow them,
+    so a script option such as ``--log`` or ``--master`` stopped plain torchrun with
+    "ambiguous option: --log could match --log-dir, --logs-specs" (argparse classifies
+    every ``--x`` string before it assigns any to the REMAINDER).
+    """
+    import torch.distributed.run as torchrun
+
+    args = torchrun.parse_args(torchrun_argv(plan, port))
     mode = "module" if plan.module else "path"
-    return argv + [WORKER, mode, plan.local_rank_arg or "none", plan.target, *plan.target_args]
+    # worker.py's arguments; this process (the agent) is the workers' parent.
+    args.training_script_args = [mode, plan.local_rank_arg or "none", str(os.getpid()), plan.target, *plan.target_args]
+    return args
 
 
 def _rendezvous_failure(plan: Plan, port: int, error: BaseException) -> RingtrainError:
@@ -327,8 +423,11 @@ def execute(plan: Plan) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
 
-    from .ports import host_store
+    from . import rendezvous
+    from .ports import host_store, is_loopback, keep_gloo_on_loopback
     from .report import format_child_failure
+
+    rendezvous.register()
 
     store = None  # node 0's TCPStore, held open until the job ends
     port = plan.master_port
@@ -341,8 +440,15 @@ def execute(plan: Plan) -> int:
         port = TORCHRUN_DEFAULT_PORT
     if plan.gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, plan.gpus))
+    if plan.max_nodes == 1 and is_loopback(plan.master_addr):
+        keep_gloo_on_loopback(os.environ)  # the workers inherit this process's environment
+    if plan.elastic:
+        # c10d's agent shares one TCPStore with the workers of every round, and restarted
+        # workers read the dead round's keys (rendezvous.py; pytorch/pytorch#135712): with
+        # sharing off, each round's workers get a store of their own on a new port.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
-    args = torchrun.parse_args(torchrun_argv(plan, port))
+    args = torchrun_args(plan, port)
     try:
         # run(), not main(): main's @record would print torchelastic's own failure summary.
         torchrun.run(args)

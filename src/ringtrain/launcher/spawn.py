@@ -14,7 +14,13 @@ that leaves to the caller:
   when rank 0 hosts it);
 * the ranks' return values come back, as a list indexed by rank;
 * a failure names the rank and carries its traceback, and ``timeout`` bounds the whole
-  job, so a hang fails instead of blocking a notebook or a CI run forever.
+  job, so a hang fails instead of blocking a notebook or a CI run forever;
+* children die with the parent (Linux, "spawn" and "fork"): a notebook kernel or test
+  runner that is killed takes its ranks along instead of leaving them blocked in a
+  collective (``worker.die_with_parent``: SIGKILL; the SIGINT torch's spawn wrapper asks
+  for is never acted on by a rank waiting inside a collective);
+* Gloo listens on loopback only (``GLOO_SOCKET_IFNAME``, unless set), as under
+  ``ringtrain run`` on one machine.
 
 The default start method is "spawn" (safe with CUDA, what ``mp.spawn`` uses), except for
 a function defined in an interactive session (``__main__`` has no file: Jupyter, IPython,
@@ -36,7 +42,8 @@ import time
 from typing import Any, Callable, Sequence
 
 from ..errors import RingtrainError
-from .ports import LOOPBACK, bind_listener, serve_store
+from .ports import LOOPBACK, bind_listener, keep_gloo_on_loopback, serve_store
+from .worker import die_with_parent
 
 _RESULT = "rank{}.pkl"
 
@@ -50,8 +57,12 @@ def _default_start_method(fn: Callable) -> str:
     return "spawn"
 
 
-def _child(local_rank: int, fn: Callable, args: Sequence, nprocs: int, port: int, results: str) -> None:
+def _child(
+    local_rank: int, fn: Callable, args: Sequence, nprocs: int, port: int, results: str, parent: int | None
+) -> None:
     """Runs in each child (called by torch's spawn wrapper, which reports exceptions)."""
+    if parent is not None:
+        die_with_parent(parent)  # a killed notebook kernel or test runner takes its ranks along
     # One node: global rank == local rank. The same names and values torchrun sets.
     os.environ.update(
         RANK=str(local_rank),
@@ -63,6 +74,7 @@ def _child(local_rank: int, fn: Callable, args: Sequence, nprocs: int, port: int
         MASTER_PORT=str(port),
         TORCHELASTIC_USE_AGENT_STORE="True",
     )
+    keep_gloo_on_loopback(os.environ)  # one machine: nothing needs to reach the ranks from outside
     value = fn(*args)
     path = os.path.join(results, _RESULT.format(local_rank))
     with open(path + ".tmp", "wb") as f:
@@ -150,7 +162,9 @@ def launch(
             # Children first, store second: a forked child must not inherit the store's
             # server thread. Early clients wait in the listening socket's backlog.
             context = tmp.start_processes(
-                _child, args=(fn, tuple(args), nprocs, port, results), nprocs=nprocs,
+                # With "forkserver" the children's parent is the server, not this process.
+                _child, args=(fn, tuple(args), nprocs, port, results, None if method == "forkserver" else os.getpid()),
+                nprocs=nprocs,
                 join=False, start_method=method,
             )
         except (pickle.PicklingError, AttributeError, TypeError) as e:

@@ -1,6 +1,6 @@
 """Worker entry point: what each process started by ``ringtrain run`` executes first.
 
-torchrun's agent starts ``python -u <this file> MODE LOCAL_RANK_ARG TARGET [ARGS...]``
+torchrun's agent starts ``python -u <this file> MODE LOCAL_RANK_ARG LAUNCHER_PID TARGET [ARGS...]``
 in every worker. This file then makes the interpreter look exactly as if the user had
 typed ``python TARGET ARGS...`` (or ``python -m TARGET ARGS...``) and runs the target:
 
@@ -12,13 +12,21 @@ typed ``python TARGET ARGS...`` (or ``python -m TARGET ARGS...``) and runs the t
   directory (``python -m``), never this package's ``launch/`` directory, whose module
   names (run, cli, worker, ...) would shadow the user's.
 * an uncaught exception's traceback is written to the error file the agent reads
-  (``TORCHELASTIC_ERROR_FILE``) and shows in the launcher's failure report. This is
-  exactly what torchelastic's ``@record`` does (its docstring spells out the equivalent
-  ``get_error_handler().initialize() / record_exception(e)``; see
-  https://pytorch.org/docs/stable/elastic/errors.html), written out here so that torch is
-  imported only if an exception happens: a script that sets ``CUDA_VISIBLE_DEVICES`` or
-  ``OMP_NUM_THREADS`` before its own ``import torch`` must find torch not yet imported,
-  as under ``python script.py``.
+  (``TORCHELASTIC_ERROR_FILE``) and shows in the launcher's failure report: the JSON that
+  torchelastic's ``@record`` writes (``ErrorHandler.record_exception``, see
+  https://pytorch.org/docs/stable/elastic/errors.html), but written atomically (a
+  temporary file, then a rename). torch's handler opens the file, emptying it, before it
+  writes; the agent stops every other worker with SIGTERM as soon as one fails and then
+  parses their error files, so a worker stopped between the two left an empty file and
+  the agent itself died with ``JSONDecodeError`` (seen here when a peer's death made a
+  rank raise). Written out here, without torch: a script that sets
+  ``CUDA_VISIBLE_DEVICES`` or ``OMP_NUM_THREADS`` before its own ``import torch`` must
+  find torch not yet imported, as under ``python script.py``.
+* the worker dies with the launcher: torchrun starts each worker in a session of its
+  own, so if ``ringtrain run`` itself is killed (``kill -9``, the OOM killer) nothing
+  would stop the workers, which keep their GPU memory and ports and wait forever in
+  their next collective. On Linux the kernel is asked to SIGKILL the worker when its
+  parent dies (``prctl(PR_SET_PDEATHSIG)``, prctl(2)).
 
 Run as a file, not ``-m ringtrain...``: that would import ringtrain (and whatever its
 ``__init__`` imports) into every worker before the user's code, and a script run with
@@ -26,11 +34,36 @@ Run as a file, not ``-m ringtrain...``: that would import ringtrain (and whateve
 """
 
 import faulthandler
+import json
 import os
 import runpy
+import signal
 import sys
+import time
+import traceback
 
 MODES = ("path", "module")
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Linux: have the kernel SIGKILL this process as soon as ``parent_pid`` (its parent) exits.
+
+    SIGKILL, not SIGTERM: a worker blocked in a collective runs no Python signal handler.
+    Elsewhere this does nothing.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return  # no libc prctl (e.g. an unusual libc): nothing to arm
+    if os.getppid() != parent_pid:
+        os._exit(1)  # the parent died before the request was in place: nobody is left to report to
 
 
 def _argv_for(target: str, local_rank_arg: str, args: list) -> list:
@@ -52,6 +85,26 @@ def _run(mode: str, target: str, argv: list) -> None:
         runpy.run_path(target, run_name="__main__")
 
 
+def record_exception(e: BaseException) -> None:
+    """Write ``e`` and the traceback being handled where the agent looks, whole or not at all."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {  # the layout torchelastic's ProcessFailure parses
+        "message": {
+            "message": f"{type(e).__name__}: {e}",
+            "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))},
+        }
+    }
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except OSError as error:
+        print(f"ringtrain: could not write the error file {path}: {error}", file=sys.stderr)
+
+
 def _recorded(mode: str, target: str, argv: list) -> None:
     # = torchelastic's @record: a native crash dumps every thread's stack (what the handler's
     # initialize() does), an exception is written to TORCHELASTIC_ERROR_FILE, then re-raised
@@ -60,20 +113,19 @@ def _recorded(mode: str, target: str, argv: list) -> None:
     try:
         _run(mode, target, argv)
     except Exception as e:
-        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-
-        get_error_handler().record_exception(e)
+        record_exception(e)
         raise
 
 
 def main(argv: list) -> None:
-    if len(argv) < 3 or argv[0] not in MODES:
+    if len(argv) < 4 or argv[0] not in MODES or not argv[2].isdigit():
         # Only the launcher starts this file; a person who runs it by hand gets told how.
         sys.exit(
             "ringtrain/launcher/worker.py is started by `ringtrain run`, not by hand.\n"
             "HINT: run `ringtrain run --help`."
         )
-    mode, local_rank_arg, target, *args = argv
+    mode, local_rank_arg, launcher_pid, target, *args = argv
+    die_with_parent(int(launcher_pid))  # the agent (`ringtrain run`) started this process
     _recorded(mode, target, _argv_for(target, local_rank_arg, args))
 
 

@@ -1,0 +1,121 @@
+"""torchrun's static rendezvous, with an empty store for the workers of every restart.
+
+Why not torchrun's own ``static`` backend: its agent keeps one TCPStore for the whole
+run, and restarted workers join that same store (``TORCHELASTIC_USE_AGENT_STORE``;
+torch/distributed/rendezvous.py assumes otherwise: "We create a new TCPStore for every
+retry so no need to add prefix for each attempt"). Nothing does, so the
+keys the previous attempt's workers wrote are still there: a restarted rank can read
+its peer's Gloo address (or NCCL id) of the dead attempt and fail with
+"connectFullMesh failed ... Connection refused". Seen here in torch 2.13 with the
+``static`` backend (ringtrain's restart test, plain ``torchrun --max-restarts 1`` now and
+then) and with ``c10d`` (plain ``torchrun --standalone``, every time); the shared-store
+variant is https://github.com/pytorch/pytorch/issues/135712. For elastic jobs (c10d),
+``ringtrain run`` turns the sharing off instead (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``).
+
+So this handler (registered as the ``ringtrain`` backend, used by ``ringtrain run`` for
+fixed node counts) behaves like ``static`` — fixed node ranks, node 0 hosts the store
+on ``--master-port``, the other nodes wait for it up to ``--timeout`` — except that
+
+* attempt 0's workers get ``MASTER_PORT = --master-port`` as with torchrun, and each
+  restart's workers a new, empty store that node 0 hosts on a free port (on loopback
+  when the job is on one machine), published to the other nodes through the main
+  store; the previous attempt's store is closed;
+* the agents' own keys for an attempt live under their own prefix, so nothing of a
+  dead attempt is ever read back.
+
+The agents of all nodes count attempts the same way (every restart is a new round on
+every node: a worker that dies takes its peers' collectives down with it); should they
+ever disagree, a node waits for the other's store port up to ``--timeout`` and fails
+with a rendezvous error rather than joining a stale attempt.
+
+Imported by ``execute`` only (it imports torch): ``--help`` and argument errors stay fast.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from torch.distributed import PrefixStore, TCPStore
+from torch.distributed.elastic.rendezvous import (
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStoreInfo,
+    rendezvous_handler_registry,
+)
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+from .ports import host_store
+
+BACKEND = "ringtrain"
+
+
+def _create(params: RendezvousParameters) -> FreshStoreRendezvous:
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=-1)
+    return FreshStoreRendezvous(
+        host, port, rank=int(params.config["rank"]), world_size=params.max_nodes,
+        run_id=params.run_id, timeout=int(params.config.get("timeout", 600)),
+    )
+
+
+def register() -> None:
+    """Make ``--rdzv-backend ringtrain`` known to torchrun's agent in this process."""
+    rendezvous_handler_registry.register(BACKEND, _create)  # same creator again: a no-op
+
+
+class FreshStoreRendezvous(RendezvousHandler):
+    """See the module docstring. One instance per ``ringtrain run`` process (agent)."""
+
+    def __init__(self, master_addr: str, master_port: int, *, rank: int, world_size: int, run_id: str, timeout: int):
+        self.master_addr, self.master_port = master_addr, master_port
+        self.rank, self.world_size, self.run_id = rank, world_size, run_id
+        self.timeout = timedelta(seconds=timeout)
+        self._main: TCPStore | None = None  # the store on --master-port: node 0 reuses the one `ringtrain run` hosts
+        self._worker_store: TCPStore | None = None  # node 0: the current restart's store, kept open while its workers run
+        self._attempt = -1
+
+    def get_backend(self) -> str:
+        return BACKEND
+
+    @property
+    def use_agent_store(self) -> bool:
+        return True  # workers join the store named in MASTER_ADDR/MASTER_PORT as clients
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        if self._main is None:
+            # As torchrun's static backend: node 0 serves (multi_tenant: the server that
+            # `ringtrain run` already listens with), the others connect; node 0 waits here
+            # until all nodes have (up to the timeout).
+            self._main = TCPStore(self.master_addr, self.master_port, self.world_size, self.rank == 0,
+                                  self.timeout, multi_tenant=True)
+        self._attempt += 1
+        prefix = f"{self.run_id}/attempt-{self._attempt}"
+        port = self.master_port
+        if self._attempt > 0:
+            key = f"{prefix}/worker_store_port"
+            if self.rank == 0:
+                self._worker_store = None  # the dead attempt's store goes first
+                self._worker_store, port = host_store(self.master_addr, 0, self.timeout.total_seconds())
+                self._main.set(key, str(port))
+            else:
+                port = int(self._main.get(key).decode())  # waits up to the store's timeout
+        return RendezvousInfo(
+            PrefixStore(prefix, self._main), self.rank, self.world_size,
+            RendezvousStoreInfo(self.master_addr, port),
+        )
+
+    def is_closed(self) -> bool:
+        return False
+
+    def set_closed(self) -> None:
+        pass
+
+    def num_nodes_waiting(self) -> int:
+        return 0  # fixed membership: never a reason to restart
+
+    def get_run_id(self) -> str:
+        return self.run_id
+
+    def shutdown(self) -> bool:
+        self._worker_store = None
+        return True
