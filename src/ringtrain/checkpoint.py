@@ -177,10 +177,15 @@ class CheckpointDir:
         self.keep_last = keep_last
 
     def prepare(self) -> None:
-        """Create the folder and remove temporary files a crash left behind (main process)."""
+        """Create the folder and remove what a crash left behind (main process): temporary
+        files, and checkpoints the manifest does not list (written but never committed, or
+        dropped from the manifest but not yet deleted)."""
         os.makedirs(self.folder, exist_ok=True)
+        listed = {e["file"] for e in self._entries()}
         for name in os.listdir(self.folder):
-            if name.startswith(".") and name.endswith(".tmp"):
+            stale = name.startswith(".") and name.endswith(".tmp")
+            orphan = name.startswith("step-") and name.endswith(".pt") and name not in listed
+            if stale or orphan:
                 os.unlink(os.path.join(self.folder, name))
 
     def _entries(self) -> list[dict[str, Any]]:

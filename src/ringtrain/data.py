@@ -99,19 +99,47 @@ class ShardedSampler(Sampler[int]):
 
 
 class _Skip(Sampler[int]):
-    """Resume mid-epoch: the inner sampler's order with the first ``skip`` indices left out."""
+    """Resume mid-epoch: the inner sampler's order with what was already trained left out.
+
+    ``skip``: the first indices of this rank's shard (same world size as the saved run).
+    ``global_skip``: after a change of world size, the first P positions of the epoch's
+    *global* order are left out and the rest is sharded across the new ranks the way
+    DistributedSampler shards (padding by wrap-around), so no sample of the epoch is
+    skipped or repeated. Only for the DistributedSampler ring.loader makes.
+    """
 
     def __init__(self, inner: Sampler):
-        self.inner, self.skip = inner, 0
+        self.inner, self.skip, self.global_skip = inner, 0, 0
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.inner, "set_epoch"):
             self.inner.set_epoch(epoch)
 
+    def _resharded(self) -> list[int]:
+        ds = self.inner
+        n = len(ds.dataset)  # type: ignore[attr-defined]
+        if ds.shuffle:  # type: ignore[attr-defined]
+            # DistributedSampler's own order for this epoch (torch/utils/data/distributed.py).
+            g = torch.Generator()
+            g.manual_seed(ds.seed + ds.epoch)  # type: ignore[attr-defined]
+            order = torch.randperm(n, generator=g).tolist()
+        else:
+            order = list(range(n))
+        rest, world = order[self.global_skip :], ds.num_replicas  # type: ignore[attr-defined]
+        if ds.drop_last:  # type: ignore[attr-defined]
+            rest = rest[: len(rest) - len(rest) % world]
+        elif rest and len(rest) % world:
+            rest += (rest * world)[: world - len(rest) % world]
+        return rest[ds.rank :: world]  # type: ignore[attr-defined]
+
     def __len__(self) -> int:
+        if self.global_skip:
+            return len(self._resharded())
         return max(len(self.inner) - self.skip, 0)
 
     def __iter__(self) -> Iterator[int]:
+        if self.global_skip:
+            return iter(self._resharded())
         it = iter(self.inner)
         for _ in range(self.skip):
             next(it, None)
@@ -172,12 +200,20 @@ class RingLoader:
     def set_epoch(self, epoch: int) -> None:
         self._next_epoch = epoch
 
-    def resume(self, epoch: int, batches: int) -> None:
-        """Make the next pass epoch ``epoch``, starting after its first ``batches`` batches."""
+    def resume(self, epoch: int, batches: int, position: int | None = None) -> None:
+        """Make the next pass epoch ``epoch``, starting after its first ``batches`` batches.
+
+        ``position`` (samples of the epoch already trained by all ranks together) is given
+        when the world size changed: the rest of the epoch is re-sharded from there.
+        """
         self._next_epoch = epoch
-        if self._skip is not None and self.loader.batch_size:
+        if self._skip is None or not self.loader.batch_size or not batches:
+            return
+        if position is not None and isinstance(self._skip.inner, DistributedSampler):
+            self._skip.global_skip = position
+        else:
             self._skip.skip = batches * self.loader.batch_size
-            self._resumed_batches = batches
+        self._resumed_batches = 0 if position is not None else batches
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -204,11 +240,20 @@ class RingLoader:
         finally:
             # A resume skips only in the pass it was made for.
             if self._skip is not None:
-                self._skip.skip = 0
+                self._skip.skip = self._skip.global_skip = 0
             self._resumed_batches = 0
 
     def state(self) -> dict[str, int | bool]:
-        return {"epoch": self.epoch, "batches": self.batches_seen, "finished": self.finished, "exact": self.exact}
+        replicas = getattr(self.sampler, "num_replicas", 1)
+        return {
+            "epoch": self.epoch,
+            "batches": self.batches_seen,
+            "finished": self.finished,
+            "exact": self.exact,
+            "replicas": replicas,
+            # Samples of this epoch trained by all ranks together (a resume on another world size needs it).
+            "position": self.batches_seen * (self.loader.batch_size or 0) * replicas,
+        }
 
 
 def _seed_worker(user_init: Callable[[int], None] | None) -> Callable[[int], None]:

@@ -122,8 +122,10 @@ class SaveAndResume:
     def _resume_loader(made: RingLoader, saved: dict[str, Any]) -> None:
         if saved["finished"]:
             made.resume(saved["epoch"] + 1, 0)
-        else:
-            made.resume(saved["epoch"], saved["batches"])
+            return
+        now = getattr(made.sampler, "num_replicas", 1)
+        resharded = saved.get("replicas", now) != now
+        made.resume(saved["epoch"], saved["batches"], saved.get("position") if resharded else None)
 
     # --- periodic checkpoints (Ring(checkpoint_dir=..., save_every=...)) -----------
     def _resume_from_checkpoint_dir(self, targets: dict[str, Any]) -> None:
