@@ -1,1 +1,1 @@
-"""Benchmark harness pieces: the models and data the examples and benchmarks share."""
+"""``ringtrain bench`` (cli.py) and the models and data the examples and benchmarks share (models.py, datasets.py)."""

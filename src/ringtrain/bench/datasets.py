@@ -63,3 +63,28 @@ def cifar100(folder: str, split: str = "train") -> TensorDataset:
     x = torch.tensor(np.asarray(raw["data"], dtype=np.uint8).reshape(-1, 3, 32, 32), dtype=torch.float32) / 255.0
     x = (x - _CIFAR_MEAN) / _CIFAR_STD
     return TensorDataset(x, torch.tensor(raw["fine_labels"], dtype=torch.long))
+
+
+def synthetic_vectors(n: int, features: int = 256, classes: int = 10, seed: int = 0) -> TensorDataset:
+    """Feature vectors around one fixed prototype per class (the MLP workload's data)."""
+    g = torch.Generator().manual_seed(seed)
+    prototypes = torch.randn(classes, features, generator=g)
+    y = torch.randint(0, classes, (n,), generator=g)
+    return TensorDataset(prototypes[y] * 0.5 + torch.randn(n, features, generator=g), y)
+
+
+def synthetic_volumes(n: int, side: int = 32, balls: int = 3, seed: int = 0) -> TensorDataset:
+    """Noisy 1-channel volumes with a few bright balls; the target is the per-voxel ball mask (0/1).
+
+    A stand-in for a 3D segmentation set (organ/tumour masks on CT or MRI), generated, not downloaded.
+    """
+    g = torch.Generator().manual_seed(seed)
+    axis = torch.arange(side, dtype=torch.float32)
+    grid = torch.stack(torch.meshgrid(axis, axis, axis, indexing="ij"))  # (3, D, H, W)
+    centres = torch.rand(n, balls, 3, 1, 1, 1, generator=g) * side
+    radii = side * (0.1 + 0.15 * torch.rand(n, balls, 1, 1, 1, generator=g))
+    mask = torch.zeros(n, side, side, side, dtype=torch.bool)
+    for b in range(balls):
+        mask |= ((grid.unsqueeze(0) - centres[:, b]) ** 2).sum(1) <= radii[:, b] ** 2
+    x = mask.float().unsqueeze(1) + 0.6 * torch.randn(n, 1, side, side, side, generator=g)
+    return TensorDataset(x, mask.long())

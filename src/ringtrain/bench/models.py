@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -76,3 +77,46 @@ class ResNet18(nn.Module):
     def forward(self, x):
         out = self.layers(F.relu(self.bn1(self.conv1(x))))
         return self.fc(F.adaptive_avg_pool2d(out, 1).flatten(1))
+
+
+def _conv3d_block(inputs: int, outputs: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv3d(inputs, outputs, 3, padding=1, bias=False), nn.BatchNorm3d(outputs), nn.ReLU(inplace=True),
+        nn.Conv3d(outputs, outputs, 3, padding=1, bias=False), nn.BatchNorm3d(outputs), nn.ReLU(inplace=True),
+    )
+
+
+class UNet3D(nn.Module):
+    """A small 3D U-Net (Çiçek et al. 2016) for volumetric segmentation, as in the medical-imaging tutorials.
+
+    ``depth`` down-sampling levels (each halves every side, so the volume side must be a
+    multiple of 2**depth); ``base`` channels at the top level, doubled per level.
+    Returns per-voxel class logits ``(N, classes, D, H, W)``.
+    """
+
+    def __init__(self, in_channels: int = 1, classes: int = 2, base: int = 8, depth: int = 2):
+        super().__init__()
+        widths = [base * 2**i for i in range(depth + 1)]
+        self.down = nn.ModuleList()
+        inputs = in_channels
+        for w in widths[:-1]:
+            self.down.append(_conv3d_block(inputs, w))
+            inputs = w
+        self.bottom = _conv3d_block(widths[-2], widths[-1])
+        self.upsample = nn.ModuleList()
+        self.up = nn.ModuleList()
+        for deep, w in zip(widths[:0:-1], widths[-2::-1]):
+            self.upsample.append(nn.ConvTranspose3d(deep, w, 2, stride=2))
+            self.up.append(_conv3d_block(2 * w, w))
+        self.head = nn.Conv3d(widths[0], classes, 1)
+
+    def forward(self, x):
+        skips = []
+        for block in self.down:
+            x = block(x)
+            skips.append(x)
+            x = F.max_pool3d(x, 2)
+        x = self.bottom(x)
+        for upsample, block, skip in zip(self.upsample, self.up, reversed(skips)):
+            x = block(torch.cat([upsample(x), skip], dim=1))
+        return self.head(x)

@@ -21,7 +21,7 @@ class Command(NamedTuple):
 COMMANDS: dict[str, Command] = {
     "run": Command("ringtrain.launcher.run", "start a training script on N processes per node, on one or many nodes"),
     "env": Command("ringtrain.launcher.env_info", "print versions, devices, backends and launcher variables for a bug report"),
-    # "bench": Command("ringtrain.bench.cli", "..."),  -- the benchmark harness plugs in here
+    "bench": Command("ringtrain.bench.cli", "measure every mode (single, dp, ddp, accumulate, hvd, pipeline, raw DDP) on this machine"),
 }
 
 

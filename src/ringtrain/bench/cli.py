@@ -1,0 +1,189 @@
+"""ringtrain bench: the tutorials' DP/DDP/AMP comparison table, measured on this machine.
+
+Usage:
+    ringtrain bench --quick                                   # < 3 min on a 2-core CPU: digits, every mode
+    ringtrain bench --workload mlp --nprocs 1,2 --steps 30
+    ringtrain bench --workload cifar-resnet18 --precision 32,bf16-mixed --epochs 1
+    ringtrain bench --workload cifar-resnet18 --data ~/data/cifar-100-python
+    ringtrain bench --modes ddp,raw-ddp --repeats 7            # ringtrain's overhead vs the tutorial loop
+    ringtrain bench --preset gpu [--compile] [--nprocs 1,8]    # CIFAR ResNet-18 images/s and MFU on GPUs
+
+Workloads (nothing is downloaded): digits-cnn (scikit-learn's real digits; held-out
+accuracy), cifar-resnet18 (CIFAR-100-shaped synthetic images, or the real set with
+--data), mlp (a few million parameters, communication-bound), unet3d (3D U-Net
+segmenting synthetic volumes; Dice).
+
+Modes: single, dp (one process driving >= 2 GPUs), ddp, ddp+accumulate (accumulate=k,
+micro-batch = batch / k), hvd, hvd+fp16 (Horovod-style optimizer, fp16 gradient
+compression), pipeline (2 stages x 4 micro-batches), raw-ddp (the hand-written tutorial
+DDP loop: the baseline for ringtrain's overhead). A mode that cannot run here is listed
+as SKIPPED with the reason; one that crashes as FAILED with its error.
+
+Every mode trains the same global batch per optimizer step (--batch-size) and the same
+number of samples; warm-up steps are not timed; each figure is the median of --repeats
+runs taken in alternating order. Columns and method: docs/bench.md.
+
+Output: a table on stdout; results.csv, results.json and throughput.png in --out.
+
+Environment variables: none are read by the bench itself; CUDA_VISIBLE_DEVICES limits
+the GPUs it sees, as always.
+
+Failure modes:
+    exit 0   every requested mode ran or was skipped with a reason
+    exit 1   some mode failed (its row says why); the other results are still written
+    exit 2   bad arguments, or the bench could not start (the message ends with a HINT)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+from ..errors import RingtrainError
+from .modes import MODES
+from .workloads import WORKLOADS
+
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+# CPUs have no float16 arithmetic: torch emulates it, 10-30x slower than fp32 (measured here), so
+# 16-mixed on a CPU checks the fp16 code path (GradScaler("cpu")) but says nothing about speed. It
+# runs when asked for (--precision 16-mixed) and is left out of the CPU default.
+FULL = {"precision": None, "nprocs": "1,2", "repeats": 5, "warmup": 3, "epochs": 1}
+QUICK = {"precision": "32,bf16-mixed", "nprocs": "1,2", "repeats": 3, "warmup": 2, "epochs": 2}
+GPU = {"precision": "32,bf16-mixed,16-mixed", "nprocs": "1", "repeats": 3, "warmup": 15, "batch_size": 512}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's errors end with a HINT too (DESIGN.md, principle 4)
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\nHINT: see `{self.prog} --help`.\n")
+
+
+def _add(parser: argparse.ArgumentParser, flag: str, **kw) -> None:
+    """``--batch-size`` also accepts ``--batch_size``, like torchrun; the alias stays out of --help."""
+    parser.add_argument(flag, **kw)
+    if flag.count("-") > 2:
+        dest = flag[2:].replace("-", "_")
+        alias = {k: v for k, v in kw.items() if k in ("type", "action", "choices")}
+        parser.add_argument("--" + dest, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **alias)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ringtrain bench", description=__doc__, allow_abbrev=False,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add(p, "--workload", default="digits-cnn", choices=WORKLOADS)
+    _add(p, "--modes", default=",".join(MODES), help="comma-separated (default: all)")
+    _add(p, "--precision", help="comma-separated among 32, bf16-mixed, 16-mixed (default: all three on GPUs, "
+                                  "32,bf16-mixed on CPUs, where fp16 is emulated and 10-30x slower)")
+    _add(p, "--nprocs", help="comma-separated process counts (default 1,2)")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--epochs", type=int, help="timed epochs per run (default 1; --quick 2)")
+    length.add_argument("--steps", type=int, help="timed optimizer steps per run, instead of --epochs")
+    _add(p, "--batch-size", type=int, help="global batch per optimizer step, the same in every mode "
+                                           "(default: the workload's; --preset gpu: per GPU, 512)")
+    _add(p, "--accumulate", type=int, default=4, help="k for ddp+accumulate (default 4)")
+    _add(p, "--repeats", type=int, help="runs per measurement (default 5; --quick 3)")
+    _add(p, "--warmup", type=int, help="untimed optimizer steps per run (default 3; --quick 2)")
+    _add(p, "--width", type=int, help="model width: channels (CNNs), hidden size (mlp), base channels (unet3d)")
+    _add(p, "--samples", type=int, help="training samples (synthetic sets: how many to make)")
+    _add(p, "--out", default="bench-results", help="folder for results.csv/json and the plot (default bench-results)")
+    _add(p, "--quick", action="store_true", help="small sizes and few repeats: under 3 minutes on a 2-core CPU")
+    _add(p, "--data", help="the cifar-100-python folder for --workload cifar-resnet18 (default: synthetic)")
+    _add(p, "--device", default="auto", choices=("auto", "cpu", "cuda"))
+    _add(p, "--threads-per-rank", type=int, default=1, help="torch threads per process on CPU (default 1)")
+    _add(p, "--timeout", type=float, default=1800.0, help="seconds one launch of processes may take (default 1800)")
+    _add(p, "--no-progress", action="store_true", help="no progress bar")
+    _add(p, "--preset", choices=("gpu",), help="gpu: CIFAR ResNet-18 images/s and MFU on CUDA GPUs")
+    _add(p, "--compile", action="store_true", help="--preset gpu: also torch.compile the channels_last variants")
+    _add(p, "--peak-tflops", type=float, help="--preset gpu: the GPU's dense bf16 peak, when not in the table")
+    return p
+
+
+def _list(value: str, what: str, allowed=None, cast=str) -> list:
+    try:
+        items = [cast(v.strip()) for v in value.split(",") if v.strip()]
+    except ValueError as e:
+        raise RingtrainError(f"--{what} {value!r} is not a comma-separated list of numbers", "e.g. --nprocs 1,2.") from e
+    bad = [v for v in items if allowed is not None and v not in allowed]
+    if bad or not items:
+        raise RingtrainError(f"--{what} {value!r}: unknown {bad or 'empty list'}", f"choose among {', '.join(map(str, allowed))}.")
+    return list(dict.fromkeys(items))
+
+
+def _positive(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise RingtrainError(f"--{name.replace('_', '-')} {value}", "give a positive number.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return _main(args)
+    except RingtrainError as e:
+        print(f"ringtrain bench: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+    _positive(args, "epochs", "steps", "batch_size", "accumulate", "repeats", "warmup", "width", "samples",
+              "threads_per_rank")
+    defaults = GPU if args.preset == "gpu" else QUICK if args.quick else FULL
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise RingtrainError("--device cuda was asked for, but torch sees no CUDA device", "use --device auto or cpu.")
+    if args.data is not None:
+        if args.preset is None and args.workload != "cifar-resnet18":
+            raise RingtrainError(f"--data was given for --workload {args.workload}",
+                                 "--data is the cifar-100-python folder for --workload cifar-resnet18 (and --preset "
+                                 "gpu); the other workloads bring their own data.")
+        if not os.path.isfile(os.path.join(args.data, "train")):
+            raise RingtrainError(f"--data {args.data!r} has no CIFAR-100 'train' file",
+                                 "point --data at the extracted 'cifar-100-python' folder (it holds 'train' and "
+                                 "'test'); nothing is downloaded.")
+    gpus = args.device != "cpu" and torch.cuda.is_available()
+    default_precision = defaults["precision"] or ("32,bf16-mixed,16-mixed" if gpus else "32,bf16-mixed")
+    precisions = _list(args.precision or default_precision, "precision", PRECISIONS)
+    nprocs = _list(args.nprocs or defaults["nprocs"], "nprocs", cast=int)
+    if min(nprocs) < 1:
+        raise RingtrainError(f"--nprocs {args.nprocs}", "process counts are positive, e.g. --nprocs 1,2.")
+    repeats = args.repeats or defaults["repeats"]
+    warmup = args.warmup if args.warmup is not None else defaults["warmup"]
+    if args.preset == "gpu":
+        return _gpu(args, precisions, nprocs, repeats, warmup)
+    from . import plot, report, runner, stats
+
+    cfg = runner.Config(
+        workload=args.workload, modes=_list(args.modes, "modes", MODES), precisions=precisions, nprocs=nprocs,
+        epochs=None if args.steps else (args.epochs or defaults["epochs"]), steps=args.steps, batch_size=args.batch_size,
+        accumulate=args.accumulate, repeats=repeats, warmup=warmup, quick=args.quick, width=args.width,
+        samples=args.samples, data=args.data, device=args.device, threads=args.threads_per_rank,
+        timeout=args.timeout, progress=not args.no_progress,
+    )
+    with tempfile.TemporaryDirectory(prefix="ringtrain-bench-") as scratch:
+        result = runner.run(cfg, scratch)
+    rows = stats.summarize(result["records"], cfg.precisions)
+    meta = result["meta"]
+    print(report.table(rows, meta), flush=True)
+    paths = report.write_all(rows, meta, result["records"], args.out)
+    paths.append(plot.throughput_png(rows, meta, f"{args.out}/throughput.png"))
+    print(f"\nwrote {', '.join(paths)}")
+    return 1 if any(r["status"] == "failed" for r in rows) else 0
+
+
+def _gpu(args: argparse.Namespace, precisions: list[str], nprocs: list[int], repeats: int, warmup: int) -> int:
+    from . import gpu, report
+
+    gpu.require_cuda()  # before anything else: the clear error on a machine without CUDA
+    opts = {"precisions": precisions, "nprocs": nprocs, "repeats": repeats, "warmup": warmup,
+            "batch_size": args.batch_size or GPU["batch_size"], "steps": args.steps, "compile": args.compile,
+            "data": args.data, "peak_tflops": args.peak_tflops, "timeout": args.timeout}
+    rows, meta = gpu.run_preset(opts)
+    print(gpu.preset_table(rows, meta), flush=True)
+    paths = report.write_all(rows, meta, [], args.out, columns=list(rows[0]) if rows else [])
+    paths.append(gpu.preset_png(rows, meta, f"{args.out}/throughput.png"))
+    print(f"\nwrote {', '.join(paths)}")
+    return 1 if any(r["images_per_s"] is None and not str(r["error"]).startswith("SKIPPED") for r in rows) else 0

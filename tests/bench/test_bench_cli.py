@@ -1,0 +1,116 @@
+"""`ringtrain bench` end to end: real processes, a tiny configuration, every mode requested.
+
+One run of the command (module fixture) on 1 and 2 Gloo ranks; the tests read its
+stdout, results.csv, results.json and throughput.png.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ringtrain.bench.modes import MODES
+from ringtrain.bench.report import CSV_COLUMNS
+
+STEPS, BATCH, REPEATS = 2, 32, 2
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    argv = [sys.executable, "-m", "ringtrain", "bench", "--workload", "digits-cnn", "--modes", ",".join(MODES),
+            "--nprocs", "2", "--precision", "32", "--steps", str(STEPS), "--warmup", "1", "--repeats", str(REPEATS),
+            "--width", "4", "--batch-size", str(BATCH), "--accumulate", "2", "--out", str(out), "--no-progress",
+            "--timeout", "150"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=170)
+    with open(out / "results.json") as f:
+        results = json.load(f)
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {"done": done, "out": out, "json": results, "csv": rows}
+
+
+@pytest.mark.timeout(200)
+def test_every_requested_mode_has_a_row_and_none_failed(bench):
+    rows = bench["csv"]
+    assert {r["mode"] for r in rows} == set(MODES), bench["done"].stderr[-3000:]
+    failed = [(r["mode"], r["reason"]) for r in rows if r["status"] == "failed"]
+    assert not failed, failed
+    assert bench["done"].returncode == 0, bench["done"].stderr[-3000:]
+    for mode in ("single", "ddp", "ddp+accumulate", "raw-ddp"):
+        assert any(r["mode"] == mode and r["status"] == "ok" for r in rows), mode
+    for r in rows:
+        assert r["status"] in ("ok", "skipped"), r
+        assert r["status"] == "ok" or r["reason"], f"{r['mode']} skipped without a reason"
+
+
+@pytest.mark.timeout(200)
+def test_csv_json_and_png_are_well_formed(bench):
+    with open(bench["out"] / "results.csv", newline="") as f:
+        assert next(csv.reader(f)) == CSV_COLUMNS
+    for r in bench["csv"]:
+        if r["status"] != "ok":
+            continue
+        columns = ["epoch_s", "samples_per_s", "peak_mem_mib", "final_loss", "scaling_efficiency"]
+        if r["mode"] != "pipeline":  # a pipeline rank holds one stage: nothing to evaluate on its own
+            columns.append("metric")
+        if r["processes"] == "2":  # raw-ddp ran with 2 processes only
+            columns.append("ratio_vs_raw_ddp")
+        for column in columns:
+            assert float(r[column]) > 0, (r["mode"], column, r[column])
+        assert int(r["repeats"]) == REPEATS
+    data = bench["json"]
+    assert set(data) == {"meta", "rows", "runs"}
+    assert data["meta"]["workload"] == "digits-cnn" and data["meta"]["timed_steps"] == STEPS
+    assert len(data["rows"]) == len(bench["csv"])
+    png = bench["out"] / "throughput.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    assert matplotlib.image.imread(str(png)).shape[0] > 100
+    table = bench["done"].stdout
+    assert "samples/s" in table and "vs raw-ddp" in table and "wrote" in table
+
+
+@pytest.mark.timeout(200)
+def test_dp_without_gpus_is_listed_as_skipped_with_the_reason(bench):
+    dp = [r for r in bench["csv"] if r["mode"] == "dp"]
+    assert len(dp) == 1 and dp[0]["status"] == "skipped"
+    assert "GPU" in dp[0]["reason"]
+    assert "dp" in bench["done"].stdout and "SKIPPED" in bench["done"].stdout
+
+
+@pytest.mark.timeout(200)
+def test_every_mode_sees_the_same_samples_and_global_batch(bench):
+    ran = [r for r in bench["json"]["runs"] if r["status"] == "ok"]
+    by_mode = {r["mode"] for r in ran}
+    assert {"ddp", "raw-ddp", "ddp+accumulate", "single"} <= by_mode
+    for r in ran:
+        # Every run of every mode: STEPS optimizer steps of the same global batch, counted by the ranks.
+        assert r["samples"] == STEPS * BATCH, (r["mode"], r["samples"])
+        assert r["global_batch"] == BATCH and r["optimizer_steps"] == STEPS
+    ddp = [r["samples"] for r in ran if r["mode"] == "ddp"]
+    raw = [r["samples"] for r in ran if r["mode"] == "raw-ddp"]
+    assert ddp == raw and len(ddp) == REPEATS
+
+
+@pytest.mark.timeout(200)
+def test_ringtrain_ddp_and_raw_ddp_train_the_same_model(bench):
+    # Same seed, same sampler order, same global batch: the loop is the only difference.
+    rows = {(r["mode"], r["processes"]): r for r in bench["json"]["rows"] if r["status"] == "ok"}
+    ddp, raw = rows[("ddp", 2)], rows[("raw-ddp", 2)]
+    assert ddp["final_loss"] == pytest.approx(raw["final_loss"], rel=1e-4)
+    assert ddp["metric"] == pytest.approx(raw["metric"], abs=1e-6)
+    assert ddp["comm_bytes_per_step"] == raw["comm_bytes_per_step"] > 0
+    accumulate = rows[("ddp+accumulate", 2)]
+    assert accumulate["allreduces_per_step"] == ddp["allreduces_per_step"]  # no_sync: once per optimizer step
+
+
+def test_output_folder_is_reported(bench):
+    assert str(bench["out"]) in bench["done"].stdout
+    assert os.path.isfile(bench["out"] / "results.json")
