@@ -9,6 +9,7 @@ here is correct on one process (collectives are the identity) and on many.
 from __future__ import annotations
 
 import atexit
+import weakref
 import os
 import datetime
 import random
@@ -34,6 +35,12 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def _close_if_alive(ring_ref: "weakref.ref[Ring]") -> None:
+    ring = ring_ref()
+    if ring is not None:
+        ring.close()
 
 
 class Ring(SaveAndResume):
@@ -145,7 +152,8 @@ class Ring(SaveAndResume):
             debug_collectives = True  # the user's switch, read here and passed on explicitly
 
         self.strategy.setup_environment()
-        atexit.register(self.close)
+        # Leave the group at exit, without atexit keeping this ring (and its models) alive.
+        atexit.register(_close_if_alive, weakref.ref(self))
         if debug_collectives is not False:
             self.strategy.enable_collective_checks(60.0 if debug_collectives is True else float(debug_collectives))
         self.seed = seed
