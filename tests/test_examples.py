@@ -1,0 +1,36 @@
+"""The examples ladder runs as its docstrings say (one process, shortened)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
+
+
+def run(tmp_path, script: str, *args: str) -> str:
+    res = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, script), *args],
+        capture_output=True, text=True, timeout=200, cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
+
+
+@pytest.mark.parametrize("script", ["01_single.py", "02_ddp.py", "03_accumulate_amp_syncbn.py"])
+def test_ladder_step_trains(tmp_path, script):
+    out = run(tmp_path, script, "--epochs", "2")
+    accuracy = float(out.strip().splitlines()[-1].rsplit("accuracy", 1)[1])
+    assert accuracy >= 0.9
+
+
+def test_cifar_resnet_runs_on_synthetic_data(tmp_path):
+    out = run(tmp_path, "cifar_resnet.py", "--steps", "2", "--width", "8", "--synthetic-size", "256",
+              "--batch-size", "32", "--out", str(tmp_path / "run"))
+    assert "test accuracy" in out
+    assert (tmp_path / "run" / "checkpoint.pt").exists()
