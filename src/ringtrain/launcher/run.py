@@ -58,6 +58,51 @@ nodes have joined and no more arrived for ``--timeout``/2 seconds (at most 30)::
     ringtrain run --nnodes 1:4 --nproc-per-node 8 --max-restarts 3 \\
         --master-addr 10.0.0.1 --master-port 29500 train.py
 
+Horovod scripts
+---------------
+
+A script written for Horovod (``import horovod.torch as hvd``) runs unchanged with
+``--horovod``; Horovod itself is not needed (its last release does not build against
+current PyTorch). ringtrain's ``horovod`` package, a re-export of ``ringtrain.horovod``,
+is put first on the workers' ``PYTHONPATH``: the name resolves for the workers (and the
+processes they start) only, and nothing is installed. The flags of ``horovodrun`` work
+too, with or without ``--horovod``::
+
+    ringtrain run --horovod -np 4 train.py                  # horovodrun -np 4 train.py: 4 processes here
+    ringtrain run --horovod -np 8 -H node1:4,node2:4 train.py
+    ringtrain run --horovod -np 8 --hostfile hosts.txt train.py
+    ringtrain run --horovod -np 2 -H localhost:1,127.0.0.1:1 train.py   # two nodes on this machine
+
+* ``-np N``: processes in the whole job (default with a host list: every slot). Alone it
+  is ``--nproc-per-node N``, one node.
+* ``-H host1:N1,host2:N2`` (``--hosts``; ``host`` alone has 1 slot, IPv6 as ``[::1]:2``) or
+  ``--hostfile FILE`` with lines ``host slots=N`` (``#`` comments and blank lines skipped):
+  the nodes, in order; the first host is node 0 (the master). The ``-np`` processes fill
+  the hosts' slots in that order, as horovodrun does (``-np 3 -H a:2,b:2`` runs 2 on ``a``
+  and 1 on ``b``, ranks 0-1 on ``a``); nodes may run different numbers of processes.
+  ``--nproc-per-node``, ``--nnodes`` and ``--node-rank`` come from the list and cannot be
+  given with it.
+* One command starts one ``ringtrain run`` agent per host (``--nnodes K --node-rank i``),
+  waits for all, and exits with the first failing node's exit code after stopping the
+  others; Ctrl-C or SIGTERM stops every node. Nodes print to this terminal.
+* Hosts named ``localhost``, a loopback address, or this machine's host name start here.
+  When all are, the nodes meet on 127.0.0.1 on a free port (a way to try a multi-node job
+  on one machine: each node's local ranks start at 0, on the same GPUs).
+* Other hosts are started over ssh:
+  ``ssh -o BatchMode=yes -tt HOST 'cd CWD && exec env VARS PYTHON -m ringtrain run --nnodes K
+  --node-rank i --master-addr FIRST_HOST --master-port P ... train.py args'``. This needs
+  passwordless ssh from here to every host (BatchMode: never a password prompt), and the
+  same current directory, script, ``PYTHON`` (this interpreter's absolute path: the same
+  virtual environment) and ringtrain on every host. ``-tt`` makes a stopped launcher hang
+  up the remote agents, which then stop their workers. VARS are this shell's
+  ``PYTHONPATH``, ``LD_LIBRARY_PATH``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
+  ``CUDA_VISIBLE_DEVICES`` and ``NCCL_*``, ``GLOO_*``, ``TORCH_*``, ``HOROVOD_*``,
+  ``RINGTRAIN_*``; set anything else in the hosts' login environment. The first host is
+  the master: the other nodes reach it by its name as listed (so it cannot be
+  ``localhost`` when other hosts are remote), or by ``--master-addr``; the port is
+  ``--master-port`` (default 29500), open between the hosts. ``--gpus``,
+  ``--max-restarts``, ``--timeout`` and ``--log-dir`` apply to every node.
+
 Restarts and resuming
 ---------------------
 
@@ -85,15 +130,13 @@ the newest checkpoint, and:
   per rank); otherwise every rank keeps the stream ``Ring(seed=s)`` gave it (s + rank):
   deterministic, but not the stream an uninterrupted run would have drawn;
 * the data is re-sharded deterministically: an epoch's order depends only on the seed
-  and the epoch, and rank r of W takes every W-th sample of it. A checkpoint taken at the
-  end of an epoch therefore loses and repeats nothing. A checkpoint taken mid-epoch
-  records only how many batches each rank had taken: b batches of B samples on W_old
-  ranks, i.e. the first b*B*W_old samples of the epoch's order. Each new rank skips b
-  batches of its new shard, i.e. the first b*B*W_new. With more ranks than before, the
-  samples between positions b*B*W_old and b*B*W_new of that epoch are never trained on;
-  with fewer, those between b*B*W_new and b*B*W_old are trained on twice
-  (tests/test_faults.py shows it). Later epochs are whole. To change the world size
-  without either, resume from a checkpoint taken at the end of an epoch;
+  and the epoch, and rank r of W takes every W-th sample of it. A checkpoint records,
+  with each loader's position, how many samples of the epoch's order all ranks had
+  trained together (P = batches x B x W_old). Resumed on another number of ranks, the
+  rest of that epoch's order (from position P on) is sharded across the new ranks, so no
+  sample of the epoch is skipped or trained twice (tests/test_faults.py shows it); only
+  DistributedSampler's wrap-around padding of the last batch differs. This holds for the
+  loaders ``ring.loader`` shards itself; a sampler you pass is resumed per rank;
 * the global batch becomes per-device batch x new world size x accumulation: adjust the
   learning rate yourself if that matters.
 
@@ -115,8 +158,15 @@ The torchrun contract, so ``dist.init_process_group(backend)`` (``env://``) and
 * ``OMP_NUM_THREADS=1`` when it is unset and there is more than one worker per node, as
   torchrun does (with the same warning); set it yourself to tune CPU threads.
 * ``CUDA_VISIBLE_DEVICES`` when ``--gpus`` is given.
+* With ``--horovod``, Horovod's variables, from the ones above: ``HOROVOD_RANK`` (=
+  ``RANK``), ``HOROVOD_SIZE`` (``WORLD_SIZE``), ``HOROVOD_LOCAL_RANK`` (``LOCAL_RANK``),
+  ``HOROVOD_LOCAL_SIZE`` (``LOCAL_WORLD_SIZE``), ``HOROVOD_CROSS_RANK`` (``GROUP_RANK``, the
+  node rank), ``HOROVOD_CROSS_SIZE`` (the number of nodes), ``HOROVOD_HOSTNAME`` (this
+  machine's host name); and ``PYTHONPATH`` starts with ringtrain's ``horovod`` alias. With
+  uneven slots Horovod counts cross rank and size only over the nodes that have this
+  local rank: ``hvd.cross_rank()``/``hvd.cross_size()`` give those.
 * ``GLOO_SOCKET_IFNAME`` = the loopback interface (``lo``) when the job is on one machine
-  (``--nnodes 1``, loopback ``--master-addr``) and it is unset, so that Gloo listens on
+  (a loopback ``--master-addr``) and it is unset, so that Gloo listens on
   127.0.0.1 only instead of the address the host name resolves to.
 * For elastic jobs, the agent runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless it
   is set: rank 0's worker then hosts the workers' store (a new one for every attempt),
@@ -141,10 +191,14 @@ Failure modes
 5. ``--master-port`` already in use on node 0: an error naming the port, before any
    worker starts. On a single node, omit ``--master-port`` and a free one is picked.
 6. Wrong arguments (``--nproc-per-node 0``, ``--node-rank`` >= ``--nnodes``, a missing
-   script, ``--gpus`` not a list of integers): exit code 2 and a HINT, before anything
-   starts.
+   script, ``--gpus`` not a list of integers, a bad ``-H`` or hostfile, ``-np`` above the
+   hosts' slots, ``-np`` and ``--nproc-per-node`` disagreeing): exit code 2 and a HINT,
+   before anything starts.
 7. Ctrl-C or SIGTERM to ``ringtrain run``: forwarded to the workers, which are stopped;
-   exit code 128 + the signal number.
+   exit code 128 + the signal number. With a host list, forwarded to every node's agent
+   (remote ones through their ssh connection).
+10. With a host list, a node that fails (or an ssh that cannot log in: exit 255, with a
+    HINT) makes ``ringtrain run`` stop the other nodes and exit with that node's code.
 8. ``ringtrain run`` itself killed (``kill -9``, the OOM killer): on Linux its workers
    are killed with it (``PR_SET_PDEATHSIG``), so none is left holding a GPU or waiting in
    a collective. Processes the workers started themselves get no such signal.
@@ -169,8 +223,11 @@ store on loopback, and Gloo on loopback through ``GLOO_SOCKET_IFNAME``. A multi-
 must listen on an address the other nodes reach, and so does every worker's Gloo/NCCL
 socket: run multi-node jobs (and elastic ones, whose c10d stores listen on every
 interface even with a loopback ``--master-addr``) only on a trusted network — a private
-cluster network or VPN, with the ports firewalled from everything else. Checkpoints are
-read with ``weights_only=True``.
+cluster network or VPN, with the ports firewalled from everything else. Jobs started
+with ``-H``/``--hostfile`` are no exception: ssh authenticates and encrypts only the
+start of each node's agent, not the job's own connections (Horovod's are no different).
+Several "nodes" on this machine (``-H localhost:1,127.0.0.1:1``) stay on loopback.
+Checkpoints are read with ``weights_only=True``.
 """
 
 from __future__ import annotations
@@ -181,11 +238,11 @@ import sys
 from dataclasses import dataclass, field
 
 from ..errors import RingtrainError
-from . import scripts
+from . import hosts, scripts
+from .hosts import TORCHRUN_DEFAULT_PORT
 from .ports import LOOPBACK
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
-TORCHRUN_DEFAULT_PORT = 29500  # torchrun's default for multi-node static rendezvous
 NPROC_WORDS = ("auto", "gpu", "cpu")
 
 
@@ -218,13 +275,14 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument("--" + flag[2:].replace("-", "_"), dest=flag[2:].replace("-", "_"),
                                 default=argparse.SUPPRESS, help=argparse.SUPPRESS, **alias)
 
-    add("--nproc-per-node", default="1", metavar="N|auto|gpu|cpu",
+    add("--nproc-per-node", default=None, metavar="N|auto|gpu|cpu",
         help="workers on this node: a number, 'gpu' (one per GPU), 'cpu' (one per CPU core), "
         "or 'auto' (GPUs if any, else CPU cores). Default: 1.")
-    add("--nnodes", default="1", metavar="N|MIN:MAX", help="number of nodes (MIN:MAX for an elastic job). Default: 1.")
-    add("--node-rank", type=int, default=0, metavar="R", help="rank of this node, 0..nnodes-1. Default: 0.")
-    add("--master-addr", default=LOOPBACK, metavar="ADDR",
-        help="address of node 0, reachable from every node. Default: 127.0.0.1 (one machine).")
+    add("--nnodes", default=None, metavar="N|MIN:MAX", help="number of nodes (MIN:MAX for an elastic job). Default: 1.")
+    add("--node-rank", type=int, default=None, metavar="R", help="rank of this node, 0..nnodes-1. Default: 0.")
+    add("--master-addr", default=None, metavar="ADDR",
+        help="address of node 0, reachable from every node. Default: 127.0.0.1 (one machine); "
+        "with -H/--hostfile, the first host's name.")
     add("--master-port", type=int, default=None, metavar="PORT",
         help="rendezvous port on node 0, the same on every node. Default: a free port on a single "
         f"node, {TORCHRUN_DEFAULT_PORT} with several nodes (as torchrun).")
@@ -237,6 +295,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="directory for torchelastic's per-run logs and error files. Default: a temporary directory.")
     add("--timeout", type=int, default=300, metavar="SECONDS",
         help="how long nodes wait for each other to join the rendezvous. Default: 300.")
+    horovod = parser.add_argument_group("Horovod scripts and horovodrun-style flags (see \"Horovod scripts\" below)")
+    horovod.add_argument("--horovod", action="store_true",
+                         help="let workers `import horovod.torch` (ringtrain's) and give them the HOROVOD_* variables.")
+    horovod.add_argument("-np", "--num-proc", dest="np", type=int, default=None, metavar="N",
+                         help="total number of processes; alone, the same as --nproc-per-node N.")
+    horovod.add_argument("-H", "--hosts", default=None, metavar="HOST:N,...",
+                         help="hosts and their slots, node 0 first, e.g. node1:4,node2:4 (local names start here, "
+                         "others over ssh).")
+    horovod.add_argument("--hostfile", default=None, metavar="FILE",
+                         help="like -H, from a file of `host slots=N` lines.")
     parser.add_argument("-m", "--module", action="store_true", help="the target is a module name, run like `python -m`.")
     parser.add_argument("script", metavar="script.py", help="the training script (or module, with -m).")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -262,6 +330,7 @@ class Plan:
     target: str
     target_args: list[str] = field(default_factory=list)
     local_rank_arg: str | None = None  # "--local_rank" / "--local-rank" if the script declares it
+    horovod: bool = False  # workers get the `horovod` alias and HOROVOD_* (worker.py --horovod)
 
 
 def _parse_gpus(text: str) -> list[int]:
@@ -313,10 +382,33 @@ def _resolve_nproc(text: str, gpus: list[int] | None) -> str:
     return str(n)
 
 
+def _nproc_text(ns: argparse.Namespace) -> str:
+    """--nproc-per-node, or -np for a single node (horovodrun's `-np N` on this machine)."""
+    np = getattr(ns, "np", None)
+    if np is None:
+        return ns.nproc_per_node or "1"
+    if np < 1:
+        raise RingtrainError(f"-np {np}: a job needs at least one process", "use -np 1 or more.")
+    if ns.nproc_per_node is not None and ns.nproc_per_node != str(np):
+        raise RingtrainError(
+            f"-np {np} and --nproc-per-node {ns.nproc_per_node} disagree: without -H/--hostfile, -np is the "
+            "number of processes on this one node",
+            "give only one of them (or -H host:N,... to spread -np over several nodes).",
+        )
+    if (ns.nnodes or "1") != "1":
+        raise RingtrainError(f"-np {np} with --nnodes {ns.nnodes}: -np counts processes of the whole job",
+                             "use --nproc-per-node per node with --nnodes, or -np with -H/--hostfile.")
+    return str(np)
+
+
 def plan_from_args(ns: argparse.Namespace) -> Plan:
     """Validate the command line. Raises RingtrainError (exit code 2) before anything starts."""
+    ns = argparse.Namespace(**vars(ns))
+    for name, default in (("nnodes", "1"), ("node_rank", 0), ("master_addr", LOOPBACK)):
+        if getattr(ns, name, None) is None:
+            setattr(ns, name, default)
     gpus = _parse_gpus(ns.gpus) if ns.gpus is not None else None
-    nproc = _resolve_nproc(ns.nproc_per_node, gpus)
+    nproc = _resolve_nproc(_nproc_text(ns), gpus)
     min_nodes, max_nodes = _parse_nnodes(ns.nnodes)
     if not 0 <= ns.node_rank < max_nodes:
         raise RingtrainError(
@@ -350,6 +442,7 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
         target=ns.script,
         target_args=list(ns.script_args),
         local_rank_arg=spelling,
+        horovod=getattr(ns, "horovod", False),
     )
 
 
@@ -396,7 +489,8 @@ def torchrun_args(plan: Plan, port: int):
     args = torchrun.parse_args(torchrun_argv(plan, port))
     mode = "module" if plan.module else "path"
     # worker.py's arguments; this process (the agent) is the workers' parent.
-    args.training_script_args = [mode, plan.local_rank_arg or "none", str(os.getpid()), plan.target, *plan.target_args]
+    args.training_script_args = [*(["--horovod"] if plan.horovod else []), mode, plan.local_rank_arg or "none",
+                                 str(os.getpid()), plan.target, *plan.target_args]
     return args
 
 
@@ -440,7 +534,9 @@ def execute(plan: Plan) -> int:
         port = TORCHRUN_DEFAULT_PORT
     if plan.gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, plan.gpus))
-    if plan.max_nodes == 1 and is_loopback(plan.master_addr):
+    if is_loopback(plan.master_addr):
+        # Only this machine can reach a loopback master: every node is here (several with -H
+        # localhost:1,127.0.0.1:1), so Gloo need not listen anywhere else.
         keep_gloo_on_loopback(os.environ)  # the workers inherit this process's environment
     if plan.elastic:
         # c10d's agent shares one TCPStore with the workers of every round, and restarted
@@ -467,6 +563,13 @@ def execute(plan: Plan) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if ns.hosts is not None or ns.hostfile is not None:
+        try:
+            nodes = hosts.nodes_from_args(ns, plan_from_args)
+        except RingtrainError as e:
+            print(f"ringtrain run: {e}", file=sys.stderr)
+            return 2
+        return hosts.run_nodes(nodes)
     try:
         plan = plan_from_args(ns)
     except RingtrainError as e:

@@ -1,6 +1,6 @@
 """Worker entry point: what each process started by ``ringtrain run`` executes first.
 
-torchrun's agent starts ``python -u <this file> MODE LOCAL_RANK_ARG LAUNCHER_PID TARGET [ARGS...]``
+torchrun's agent starts ``python -u <this file> [--horovod] MODE LOCAL_RANK_ARG LAUNCHER_PID TARGET [ARGS...]``
 in every worker. This file then makes the interpreter look exactly as if the user had
 typed ``python TARGET ARGS...`` (or ``python -m TARGET ARGS...``) and runs the target:
 
@@ -22,6 +22,14 @@ typed ``python TARGET ARGS...`` (or ``python -m TARGET ARGS...``) and runs the t
   rank raise). Written out here, without torch: a script that sets
   ``CUDA_VISIBLE_DEVICES`` or ``OMP_NUM_THREADS`` before its own ``import torch`` must
   find torch not yet imported, as under ``python script.py``.
+* with ``--horovod`` (``ringtrain run --horovod``), the script can ``import horovod.torch``
+  and read Horovod's variables, as under ``horovodrun``: ringtrain's ``horovod`` alias
+  package (``ringtrain/horovod/_alias``, which re-exports ``ringtrain.horovod``) goes first
+  on ``sys.path`` after the script's directory and first on ``PYTHONPATH`` (for processes the
+  script starts, e.g. DataLoader workers re-importing it), and ``HOROVOD_RANK``/``SIZE``,
+  ``HOROVOD_LOCAL_RANK``/``LOCAL_SIZE``, ``HOROVOD_CROSS_RANK``/``CROSS_SIZE`` and
+  ``HOROVOD_HOSTNAME`` are set from torchrun's variables. Nothing named ``horovod`` is
+  installed: other processes on the machine never see it.
 * the worker dies with the launcher: torchrun starts each worker in a session of its
   own, so if ``ringtrain run`` itself is killed (``kill -9``, the OOM killer) nothing
   would stop the workers, which keep their GPU memory and ports and wait forever in
@@ -38,11 +46,44 @@ import json
 import os
 import runpy
 import signal
+import socket
 import sys
 import time
 import traceback
 
 MODES = ("path", "module")
+HOROVOD_FLAG = "--horovod"
+# ringtrain/horovod/_alias: holds a package named `horovod` that re-exports ringtrain.horovod.
+HOROVOD_ALIAS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "horovod", "_alias")
+
+
+def horovod_environment(environ) -> dict:
+    """Horovod's per-process variables (what horovodrun sets), from torchrun's.
+
+    Cross rank/size are the node rank and the number of nodes; with the same number of
+    processes on every node that is what Horovod counts (the ranks sharing this local
+    rank, one per node). With uneven nodes Horovod counts only the nodes that have this
+    local rank; ``hvd.cross_rank()``/``hvd.cross_size()`` compute that themselves.
+    """
+    return {
+        "HOROVOD_RANK": environ["RANK"],
+        "HOROVOD_SIZE": environ["WORLD_SIZE"],
+        "HOROVOD_LOCAL_RANK": environ["LOCAL_RANK"],
+        "HOROVOD_LOCAL_SIZE": environ["LOCAL_WORLD_SIZE"],
+        "HOROVOD_CROSS_RANK": environ["GROUP_RANK"],
+        "HOROVOD_CROSS_SIZE": environ["GROUP_WORLD_SIZE"],
+        "HOROVOD_HOSTNAME": socket.gethostname(),
+    }
+
+
+def become_horovod_worker() -> None:
+    """Let the script ``import horovod.torch`` (ringtrain's) and find the HOROVOD_* variables."""
+    os.environ.update(horovod_environment(os.environ))
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = HOROVOD_ALIAS + (os.pathsep + old if old else "")
+    # As if PYTHONPATH had said so at startup: right after sys.path[0] (the script's
+    # directory, set by _run), before the PYTHONPATH entries and site-packages.
+    sys.path.insert(1, HOROVOD_ALIAS)
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -118,6 +159,9 @@ def _recorded(mode: str, target: str, argv: list) -> None:
 
 
 def main(argv: list) -> None:
+    horovod = bool(argv) and argv[0] == HOROVOD_FLAG
+    if horovod:
+        argv = argv[1:]
     if len(argv) < 4 or argv[0] not in MODES or not argv[2].isdigit():
         # Only the launcher starts this file; a person who runs it by hand gets told how.
         sys.exit(
@@ -126,6 +170,8 @@ def main(argv: list) -> None:
         )
     mode, local_rank_arg, launcher_pid, target, *args = argv
     die_with_parent(int(launcher_pid))  # the agent (`ringtrain run`) started this process
+    if horovod:
+        become_horovod_worker()
     _recorded(mode, target, _argv_for(target, local_rank_arg, args))
 
 

@@ -1,0 +1,399 @@
+"""horovodrun-style host lists: ``-np N -H host1:2,host2:2`` / ``--hostfile``, one agent per host.
+
+``ringtrain run`` itself runs one node (torchrun's agent). Given a host list it becomes
+what ``horovodrun`` is: it starts one ``ringtrain run`` agent per host, all from one
+command, with ``--nnodes K --node-rank i --master-addr <node 0> --master-port P`` filled in,
+and then supervises them. This file holds the pieces:
+
+* parsing: ``-H a:2,b:2`` (a host without ``:N`` has one slot, as with OpenMPI's ``-H``)
+  and hostfiles (``host slots=N`` lines, ``#`` comments, blank lines) — horovodrun's two
+  formats (horovod/runner/common/util/hosts.py);
+* assignment: ``-np`` processes fill the hosts in order, as horovodrun's
+  ``get_host_assignments`` does; node i runs the slots it got (hosts that got none are
+  dropped). Nodes may run different numbers of processes: torchelastic assigns global
+  ranks by the cumulative sum of every node's ``local_world_size``
+  (``SimpleElasticAgent._assign_worker_ranks``), also with a static rendezvous;
+* the command for each node: local host names (``localhost``, loopback addresses, this
+  machine's host name) start an agent here; other hosts get one over ssh;
+* supervision (``run_nodes``): wait for all, stop the others on the first failure,
+  forward SIGINT/SIGTERM.
+
+Everything but ``run_nodes`` is a pure function of its arguments (the host-name lookups
+of ``is_local`` aside), so the ssh commands are tested without ssh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ..errors import RingtrainError
+
+TORCHRUN_DEFAULT_PORT = 29500  # torchrun's default for multi-node static rendezvous
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+# Variables passed on to remote agents (the remote shell starts from its own login
+# environment). Everything else, e.g. PATH, comes from the remote login; the python is
+# named by its absolute path, which must be the same on every host.
+FORWARDED_NAMES = ("PYTHONPATH", "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+FORWARDED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "HOROVOD_", "RINGTRAIN_")
+
+# ssh without prompts (a password prompt would hang the job unseen), and with a remote
+# terminal: when the ssh client is stopped, the remote session is hung up and the remote
+# agent gets SIGHUP, which torchelastic handles like SIGTERM (it stops its workers).
+# Without -tt a remote job would outlive the launcher that lost track of it.
+SSH = ("ssh", "-o", "BatchMode=yes", "-tt")
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    slots: int
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of the job and the command that starts its agent."""
+
+    host: str
+    rank: int
+    nproc: int
+    local: bool
+    argv: list
+
+
+def _slots(text: str, where: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise RingtrainError(f"{where}: slots {text!r} is not a positive number", "write e.g. host1:2 (-H) or "
+                             "`host1 slots=2` (hostfile): a positive number of processes for that host.")
+    return int(text)
+
+
+def _host_name(name: str, where: str) -> str:
+    # A leading "-" would reach ssh as an option (-oProxyCommand=...), not as a host.
+    if not name or name.startswith("-") or any(c.isspace() or c in ",'\"" for c in name):
+        raise RingtrainError(f"{where}: {name!r} is not a host name", "use host names or IP addresses, e.g. "
+                             "-H node1:4,node2:4 or -H localhost:2.")
+    return name
+
+
+def parse_host_list(text: str) -> list:
+    """``-H`` / ``--hosts``: ``host[:slots],...``; IPv6 addresses in brackets (``[::1]:2``)."""
+    hosts = []
+    for item in text.split(","):
+        item = item.strip()
+        where = f"-H {text!r}"
+        if item.startswith("["):  # [v6addr] or [v6addr]:slots
+            match = re.fullmatch(r"\[([^\]]+)\](?::(.*))?", item)
+            if not match:
+                raise RingtrainError(f"{where}: cannot read {item!r}", "write IPv6 addresses as [::1]:2.")
+            name, slots = match.group(1), match.group(2) if match.group(2) is not None else "1"
+        elif item.count(":") > 1:
+            raise RingtrainError(f"{where}: {item!r} is ambiguous (an IPv6 address, or address:slots?)",
+                                 "put IPv6 addresses in brackets: -H [::1]:2.")
+        else:
+            name, _, slots = item.partition(":")
+            slots = slots if ":" in item else "1"
+        hosts.append(Host(_host_name(name, where), _slots(slots, where)))
+    return _no_duplicates(hosts, f"-H {text!r}")
+
+
+def parse_hostfile_text(text: str, source: str = "hostfile") -> list:
+    """A hostfile's lines: ``host slots=N`` (or just ``host``: one slot); ``#`` starts a comment."""
+    hosts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        where = f"{source}, line {number}"
+        slots = "1"
+        for word in words[1:]:
+            key, eq, value = word.partition("=")
+            if key != "slots" or not eq:
+                raise RingtrainError(f"{where}: cannot read {line.strip()!r}",
+                                     "each line is `hostname slots=N` (blank lines and # comments are skipped).")
+            slots = value
+        hosts.append(Host(_host_name(words[0].strip("[]"), where), _slots(slots, where)))
+    if not hosts:
+        raise RingtrainError(f"{source} lists no hosts", "add lines such as `node1 slots=4`.")
+    return _no_duplicates(hosts, source)
+
+
+def read_hostfile(path: str) -> list:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise RingtrainError(f"--hostfile {path!r}: cannot read it ({e.strerror})",
+                             "give the path of a file with lines like `node1 slots=4`.") from e
+    return parse_hostfile_text(text, f"--hostfile {path!r}")
+
+
+def _no_duplicates(hosts: list, source: str) -> list:
+    seen = set()
+    for host in hosts:
+        key = host.name.lower()
+        if key in seen:
+            raise RingtrainError(f"{source}: host {host.name!r} is listed twice",
+                                 "list each host once with all its slots (e.g. node1:4).")
+        seen.add(key)
+    return hosts
+
+
+def assign(hosts: Sequence, np: int | None) -> list:
+    """The hosts that get processes and how many each: ``np`` fill the slots in host order."""
+    total = sum(h.slots for h in hosts)
+    if np is None:
+        return list(hosts)  # -np omitted: every slot
+    if np < 1:
+        raise RingtrainError(f"-np {np}: a job needs at least one process", "use -np 1 or more.")
+    if np > total:
+        listed = ",".join(f"{h.name}:{h.slots}" for h in hosts)
+        raise RingtrainError(f"-np {np} processes, but the hosts ({listed}) have only {total} slot(s)",
+                             f"lower -np to {total} or less, or give the hosts more slots (host:N).")
+    out, left = [], np
+    for host in hosts:
+        if left == 0:
+            break
+        out.append(Host(host.name, min(host.slots, left)))
+        left -= out[-1].slots
+    return out
+
+
+def _is_loopback_literal(name: str) -> bool:
+    try:
+        return ipaddress.ip_address(name.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def is_loopback_name(name: str) -> bool:
+    """``localhost`` and loopback addresses: names other machines cannot use to reach this one."""
+    return name.lower() in LOOPBACK_NAMES or _is_loopback_literal(name)
+
+
+def local_names() -> set:
+    """This machine's names, lower case: its host name, short name and fully qualified name."""
+    names = {socket.gethostname().lower()}
+    names.add(next(iter(names)).split(".")[0])
+    try:
+        names.add(socket.getfqdn().lower())  # may ask the resolver; called once per launch
+    except OSError:
+        pass
+    return names
+
+
+def is_local(name: str, names: set | None = None) -> bool:
+    """True when ``name`` is this machine: a loopback name/address or one of ``names`` (``local_names()``)."""
+    if is_loopback_name(name):
+        return True
+    return name.lower() in (local_names() if names is None else names)
+
+
+def master_address(nodes: Sequence, given: str | None) -> str:
+    """Where the other nodes reach node 0: ``--master-addr``, else 127.0.0.1 when all hosts are
+    local, else the first host's name (which therefore must not be a loopback name)."""
+    if given is not None:
+        return given
+    if all(n.local for n in nodes):
+        return "127.0.0.1"
+    first = nodes[0].host
+    if is_loopback_name(first):
+        raise RingtrainError(
+            f"the first host, {first!r}, is node 0 and hosts the rendezvous, but the other hosts cannot reach "
+            "it by that name",
+            f"list this machine by a name or address the other hosts reach (e.g. {socket.gethostname()}:N), "
+            "or give --master-addr.",
+        )
+    return first
+
+
+def forwarded_environment(environ: Mapping) -> dict:
+    """The variables handed to remote agents (FORWARDED_NAMES and FORWARDED_PREFIXES), sorted."""
+    return {k: environ[k] for k in sorted(environ)
+            if k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES)}
+
+
+def agent_argv(python: str, node_rank: int, nnodes: int, nproc: int, master_addr: str, master_port: int,
+               options: Sequence, target: Sequence) -> list:
+    """``python -m ringtrain run`` for one node: its place in the job, then ``options`` and the target."""
+    return [python, "-m", "ringtrain", "run", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
+            "--master-addr", master_addr, "--master-port", str(master_port), "--nproc-per-node", str(nproc),
+            *options, *target]
+
+
+def ssh_argv(host: str, cwd: str, env: Mapping, argv: Sequence) -> list:
+    """``ssh -o BatchMode=yes -tt HOST 'cd CWD && env K=V ... ARGV'``, every word shell-quoted."""
+    words = [shlex.quote(w) for w in argv]
+    if env:
+        words = ["env", *(shlex.quote(f"{k}={v}") for k, v in env.items()), *words]
+    return [*SSH, host, f"cd {shlex.quote(cwd)} && exec {' '.join(words)}"]
+
+
+def plan_nodes(hosts: Sequence, *, master_addr: str | None, master_port: int, options: Sequence,
+               target: Sequence, python: str, cwd: str, environ: Mapping, names: set | None = None) -> list:
+    """One Node per assigned host: a local agent, or the same agent started over ssh."""
+    names = local_names() if names is None else names
+    local = [is_local(h.name, names) for h in hosts]
+    draft = [Node(h.name, i, h.slots, loc, []) for i, (h, loc) in enumerate(zip(hosts, local))]
+    addr = master_address(draft, master_addr)
+    env = forwarded_environment(environ)
+    nodes = []
+    for node in draft:
+        argv = agent_argv(python, node.rank, len(draft), node.nproc, addr, master_port, options, target)
+        if not node.local:
+            argv = ssh_argv(node.host, cwd, env, argv)
+        nodes.append(Node(node.host, node.rank, node.nproc, node.local, argv))
+    return nodes
+
+
+# ---------------------------------------------------------------------------------------
+# From `ringtrain run`'s command line to the nodes' commands.
+
+
+def agent_options(ns: argparse.Namespace) -> list:
+    """The options every node's agent gets from a -H/--hostfile command (the rest is per node)."""
+    options = ["--horovod"] if ns.horovod else []
+    for flag, value in (("--gpus", ns.gpus), ("--max-restarts", ns.max_restarts), ("--log-dir", ns.log_dir),
+                        ("--timeout", ns.timeout)):
+        if value is not None:
+            options += [flag, str(value)]
+    return options
+
+
+def _free_loopback_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]
+
+
+def nodes_from_args(ns: argparse.Namespace, check: Callable, *, environ: Mapping | None = None,
+                    names: set | None = None) -> list:
+    """``ringtrain run -H/--hostfile ...``: validate all of it here, then one Node per host.
+
+    ``check`` is run.py's ``plan_from_args``: each node's command line is checked before
+    any node starts, so a wrong argument is one exit code 2 here, not K failing agents.
+    """
+    for flag, value in (("--nproc-per-node", ns.nproc_per_node), ("--nnodes", ns.nnodes),
+                        ("--node-rank", ns.node_rank)):
+        if value is not None:
+            raise RingtrainError(f"{flag} with -H/--hostfile: the host list already says how many nodes and "
+                                 "processes", f"drop {flag}; give each host its slots (host:N) and the total with -np.")
+    if ns.hosts is not None and ns.hostfile is not None:
+        raise RingtrainError("both -H and --hostfile were given", "give the hosts one way only.")
+    listed = parse_host_list(ns.hosts) if ns.hosts is not None else read_hostfile(ns.hostfile)
+    assigned = assign(listed, ns.np)
+    for host in assigned:
+        check(argparse.Namespace(**{**vars(ns), "np": None, "nproc_per_node": str(host.slots),
+                                    "nnodes": str(len(assigned)), "node_rank": 0}))
+    names = local_names() if names is None else names
+    port = ns.master_port
+    if port is None:
+        # All on this machine: a free loopback port (node 0's agent binds it a moment later).
+        # Across machines every node must know the port in advance: torchrun's default.
+        here = all(is_local(h.name, names) for h in assigned) and ns.master_addr is None
+        port = _free_loopback_port() if here else TORCHRUN_DEFAULT_PORT
+    target = ["-m", ns.script] if ns.module else [ns.script]
+    return plan_nodes(
+        assigned, master_addr=ns.master_addr, master_port=port, options=agent_options(ns),
+        target=[*target, *ns.script_args], python=sys.executable, cwd=os.getcwd(),
+        environ=os.environ if environ is None else environ, names=names,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Supervision: the only part that starts processes.
+
+
+def _term_with_parent() -> Callable | None:
+    """For local agents: a preexec_fn that has the kernel SIGTERM the agent when this launcher dies.
+
+    SIGTERM rather than SIGKILL so the agent still stops its workers (they die with it too).
+    Linux only (prctl(2) PR_SET_PDEATHSIG). prctl is looked up here, in the parent: the
+    function that runs between fork and exec only makes the call, so it takes no lock that
+    another thread (torch starts one) might have held at the fork.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    sigterm = int(signal.SIGTERM)
+    return lambda: prctl(1, sigterm, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG, <linux/prctl.h>
+
+
+def _code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode  # -N (killed by signal N) -> 128+N
+
+
+def _describe(node: Node, code: int) -> str:
+    where = f"node {node.rank} ({node.host}{'' if node.local else ', over ssh'})"
+    if not node.local and code == 255:
+        return (f"{where}: ssh failed (exit 255)\nHINT: check `ssh -o BatchMode=yes {node.host} true` works "
+                "without a password, and that the host name is right.")
+    return f"{where} failed with exit code {code}; the other nodes were stopped."
+
+
+def _stop(procs: list, nodes: Sequence, sig: int, grace: float) -> None:
+    for proc, node in zip(procs, nodes):
+        if proc.poll() is None:
+            # The ssh client is stopped with SIGTERM: the remote agent is then hung up (see SSH).
+            proc.send_signal(sig if node.local else signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()  # its workers die with it (PR_SET_PDEATHSIG in worker.py)
+            proc.wait()
+
+
+def run_nodes(nodes: Sequence, *, poll: float = 0.1, grace: float = 30.0,
+              say: Callable = lambda line: print(f"ringtrain run: {line}", file=sys.stderr, flush=True)) -> int:
+    """Start every node's agent, wait for all; stop the rest when one fails or on SIGINT/SIGTERM.
+
+    Returns 0, the first failing node's exit code, or 128+N when stopped by signal N.
+    Agents share this process's stdout/stderr; each runs in a session of its own, so a
+    Ctrl-C in the terminal reaches them once, forwarded from here.
+    """
+    received: list = []
+    handlers = {s: signal.signal(s, lambda signum, frame: received.append(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    procs: list = []
+    try:
+        arm = _term_with_parent()
+        for node in nodes:
+            procs.append(subprocess.Popen(node.argv, stdin=subprocess.DEVNULL, start_new_session=True,
+                                          preexec_fn=arm if node.local else None))  # noqa: PLW1509 - see above
+        while True:
+            if received:
+                say(f"stopped by {signal.Signals(received[0]).name}; stopping all {len(nodes)} node(s).")
+                _stop(procs, nodes, received[0], grace)
+                return 128 + int(received[0])
+            codes = [p.poll() for p in procs]
+            failed = next(((node, c) for node, c in zip(nodes, codes) if c not in (None, 0)), None)
+            if failed is not None:
+                _stop(procs, nodes, signal.SIGTERM, grace)
+                say(_describe(failed[0], _code(failed[1])))
+                return _code(failed[1])
+            if all(c == 0 for c in codes):
+                return 0
+            time.sleep(poll)
+    finally:
+        if any(p.poll() is None for p in procs):  # an exception here: leave nothing behind
+            _stop(procs, nodes, signal.SIGTERM, grace)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)

@@ -1,0 +1,375 @@
+"""`ringtrain run --horovod` and horovodrun's flags (-np, -H, --hostfile).
+
+Host lists, local-host detection and the ssh commands are pure functions, tested as such
+(there is no ssh here). The rest runs the real CLI on loopback: an unmodified
+``import horovod.torch`` script with no PYTHONPATH set by the test, two "nodes" on this
+machine, uneven nodes, a failing node.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _launch_util import outputs, results, ringtrain_cmd, write
+
+from ringtrain.errors import RingtrainError
+from ringtrain.launcher import hosts, run, worker
+from ringtrain.launcher.hosts import Host
+
+pytestmark = pytest.mark.timeout(240)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = "examples/horovod_style.py"  # relative: the job runs in ROOT, as the example's docstring says
+ALIAS = str(Path(worker.__file__).resolve().parents[1] / "horovod" / "_alias")
+HERE = {"thisbox", "thisbox.example.org"}  # stands for local_names(): no lookups in unit tests
+PY = "/opt/venv/bin/python"
+
+
+# ---------------------------------------------------------------------------------------
+# Host lists
+
+
+def test_host_list_syntax():
+    assert hosts.parse_host_list("node1:2,node2:2") == [Host("node1", 2), Host("node2", 2)]
+    assert hosts.parse_host_list(" a:1 , b ") == [Host("a", 1), Host("b", 1)]  # no :N = one slot
+    assert hosts.parse_host_list("[::1]:3,[fe80::1]") == [Host("::1", 3), Host("fe80::1", 1)]
+    assert hosts.parse_host_list("10.0.0.1:8") == [Host("10.0.0.1", 8)]
+
+
+@pytest.mark.parametrize("text, words", [
+    ("a:0", "not a positive number"), ("a:x", "not a positive number"), ("a:", "not a positive number"),
+    ("a:2,", "not a host name"), ("::1:2", "ambiguous"), ("[::1", "cannot read"),
+    ("a:1,A:2", "listed twice"), ("a b:2", "not a host name"), ("-oProxyCommand=x:1", "not a host name"),
+])
+def test_bad_host_lists_say_why(text, words):
+    with pytest.raises(RingtrainError, match=words) as e:
+        hosts.parse_host_list(text)
+    assert "HINT: " in str(e.value)
+
+
+def test_hostfile_lines_comments_and_blanks(tmp_path):
+    text = """
+        # the cluster
+        node1 slots=4   # the master
+        node2  slots=2
+
+        node3
+        [::1] slots=1
+    """
+    assert hosts.parse_hostfile_text(text) == [Host("node1", 4), Host("node2", 2), Host("node3", 1), Host("::1", 1)]
+    path = write(tmp_path / "hosts.txt", "localhost slots=2\n")
+    assert hosts.read_hostfile(str(path)) == [Host("localhost", 2)]
+
+
+@pytest.mark.parametrize("text, words", [
+    ("node1 slots=two\n", "line 1: slots 'two'"), ("# only\n\nnode1 cpus=2\n", "line 3: cannot read"),
+    ("node1 slots\n", "cannot read"), ("# nothing\n\n", "lists no hosts"), ("a\nb\na slots=2\n", "listed twice"),
+])
+def test_bad_hostfiles_say_where(text, words):
+    with pytest.raises(RingtrainError, match=words) as e:
+        hosts.parse_hostfile_text(text)
+    assert "HINT: " in str(e.value)
+
+
+def test_missing_hostfile(tmp_path):
+    with pytest.raises(RingtrainError, match="cannot read it"):
+        hosts.read_hostfile(str(tmp_path / "nope.txt"))
+
+
+def test_np_fills_the_hosts_in_order():
+    listed = [Host("a", 2), Host("b", 2), Host("c", 2)]
+    assert hosts.assign(listed, 3) == [Host("a", 2), Host("b", 1)]  # as horovodrun's get_host_assignments
+    assert hosts.assign(listed, 1) == [Host("a", 1)]
+    assert hosts.assign(listed, 6) == listed and hosts.assign(listed, None) == listed
+    with pytest.raises(RingtrainError, match=r"-np 7 processes, but the hosts \(a:2,b:2,c:2\) have only 6") as e:
+        hosts.assign(listed, 7)
+    assert "HINT: lower -np to 6" in str(e.value)
+    with pytest.raises(RingtrainError, match="at least one"):
+        hosts.assign(listed, 0)
+
+
+def test_local_host_detection():
+    for name in ("localhost", "LOCALHOST", "127.0.0.1", "127.0.1.1", "::1", "[::1]", "thisbox", "ThisBox.example.org"):
+        assert hosts.is_local(name, HERE), name
+    for name in ("node1", "10.0.0.1", "thisbox2", "example.org"):
+        assert not hosts.is_local(name, HERE), name
+    import socket
+
+    assert hosts.is_local(socket.gethostname())  # the real lookup: this machine by its own name
+    assert socket.gethostname().lower() in hosts.local_names()
+
+
+# ---------------------------------------------------------------------------------------
+# The nodes' commands
+
+
+def _nodes(listed, **kw):
+    args = {"master_addr": None, "master_port": 29500, "options": ["--horovod"], "target": ["train.py", "--lr", "0.1"],
+            "python": PY, "cwd": "/home/me/my project", "environ": {}, "names": HERE}
+    return hosts.plan_nodes(listed, **{**args, **kw})
+
+
+def test_all_local_hosts_are_local_agents_meeting_on_loopback():
+    nodes = _nodes([Host("localhost", 1), Host("127.0.0.1", 2)], master_port=4321)
+    assert [(n.rank, n.nproc, n.local) for n in nodes] == [(0, 1, True), (1, 2, True)]
+    assert nodes[1].argv == [PY, "-m", "ringtrain", "run", "--nnodes", "2", "--node-rank", "1",
+                             "--master-addr", "127.0.0.1", "--master-port", "4321", "--nproc-per-node", "2",
+                             "--horovod", "train.py", "--lr", "0.1"]
+
+
+def test_remote_hosts_are_started_over_ssh():
+    env = {"NCCL_DEBUG": "INFO", "PYTHONPATH": "/x y", "HOME": "/home/me", "SECRET_TOKEN": "s", "OMP_NUM_THREADS": "4"}
+    nodes = _nodes([Host("thisbox", 2), Host("node2", 2), Host("node3", 1)], environ=env,
+                   target=["train.py", "--name", "it's a run", "--glob", "*.pt"])
+    local, remote = nodes[0], nodes[2]
+    assert local.local and local.argv[:4] == [PY, "-m", "ringtrain", "run"]
+    assert local.argv[local.argv.index("--master-addr") + 1] == "thisbox"  # the first host is the master
+    assert not remote.local and remote.argv[:5] == ["ssh", "-o", "BatchMode=yes", "-tt", "node3"]
+    assert len(remote.argv) == 6  # one remote command string, shell-quoted
+    words = shlex.split(remote.argv[5])
+    assert words[:6] == ["cd", "/home/me/my project", "&&", "exec", "env", "NCCL_DEBUG=INFO"]
+    # only the documented variables travel (sorted), never e.g. HOME or a token
+    assert words[6:8] == ["OMP_NUM_THREADS=4", "PYTHONPATH=/x y"]
+    assert words[8:] == [PY, "-m", "ringtrain", "run", "--nnodes", "3", "--node-rank", "2", "--master-addr",
+                         "thisbox", "--master-port", "29500", "--nproc-per-node", "1", "--horovod",
+                         "train.py", "--name", "it's a run", "--glob", "*.pt"]
+    bare = _nodes([Host("node2", 1)])[0].argv[5]
+    assert bare.startswith("cd '/home/me/my project' && exec /opt/venv/bin/python -m ringtrain run")  # no env
+
+
+def _master(node) -> str:
+    argv = node.argv if node.local else shlex.split(node.argv[-1])
+    return argv[argv.index("--master-addr") + 1]
+
+
+def test_master_address_rules():
+    assert [_master(n) for n in _nodes([Host("node1", 1), Host("localhost", 1)])] == ["node1", "node1"]
+    assert _master(_nodes([Host("node1", 1)], master_addr="10.1.1.1")[0]) == "10.1.1.1"
+    assert _master(_nodes([Host("localhost", 1)], master_addr="thisbox")[0]) == "thisbox"
+    with pytest.raises(RingtrainError, match="cannot reach it by that name") as e:
+        _nodes([Host("localhost", 1), Host("node2", 1)])  # node2 could not reach "localhost"
+    assert "HINT: list this machine by a name" in str(e.value)
+
+
+def _ns(*argv):
+    return run.build_parser().parse_args(list(argv))
+
+
+def test_command_line_to_nodes(tmp_path, monkeypatch):
+    script = write(tmp_path / "train.py", "print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    ns = _ns("--horovod", "-np", "3", "-H", "thisbox:2,node2:2", "--timeout", "60", "--master-port", "1234",
+             str(script), "--epochs", "1")
+    nodes = hosts.nodes_from_args(ns, run.plan_from_args, environ={}, names=HERE)
+    assert [(n.host, n.nproc, n.local) for n in nodes] == [("thisbox", 2, True), ("node2", 1, False)]
+    assert nodes[0].argv[:2] == [sys.executable, "-m"]
+    assert nodes[0].argv[-7:] == ["--max-restarts", "0", "--timeout", "60", str(script), "--epochs", "1"]
+    assert "--horovod" in nodes[0].argv and "--master-port" in nodes[0].argv and "1234" in nodes[0].argv
+    assert shlex.split(nodes[1].argv[-1])[1] == str(tmp_path)
+    hostfile = write(tmp_path / "hosts", "node1 slots=2\nnode2 slots=2\n")
+    write(tmp_path / "pkg" / "__init__.py", "")
+    write(tmp_path / "pkg" / "train.py", "print('hi')\n")
+    nodes = hosts.nodes_from_args(_ns("--hostfile", str(hostfile), "-m", "pkg.train"), run.plan_from_args,
+                                  environ={}, names=HERE)
+    assert [(n.nproc, n.local) for n in nodes] == [(2, False), (2, False)]  # every slot
+    assert "--master-port 29500" in nodes[0].argv[-1]  # across machines: torchrun's port
+    assert nodes[1].argv[-1].endswith("-m pkg.train")
+
+
+def test_np_alone_is_one_node_and_horovod_reaches_the_worker(tmp_path):
+    script = write(tmp_path / "train.py", "print('hi')\n")
+    plan = run.plan_from_args(_ns("--horovod", "-np", "3", str(script)))
+    assert (plan.nproc, plan.nnodes, plan.horovod) == ("3", "1", True)
+    assert run.plan_from_args(_ns("-np", "2", "--nproc-per-node", "2", str(script))).nproc == "2"
+    args = run.torchrun_args(plan, 1234)
+    assert args.training_script_args[:3] == ["--horovod", "path", "none"]  # an argument, not an env channel
+    assert run.torchrun_args(run.plan_from_args(_ns("-np", "3", str(script))), 1).training_script_args[0] == "path"
+
+
+def test_worker_maps_torchruns_variables_to_horovods():
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
+           "GROUP_WORLD_SIZE": "2"}
+    import socket
+
+    assert worker.horovod_environment(env) == {
+        "HOROVOD_RANK": "5", "HOROVOD_SIZE": "8", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "4",
+        "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2", "HOROVOD_HOSTNAME": socket.gethostname()}
+    assert os.path.isfile(os.path.join(worker.HOROVOD_ALIAS, "horovod", "torch", "__init__.py"))
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["-H", "a:x"], "slots 'x' is not a positive number"),
+    (["-np", "5", "-H", "localhost:2,127.0.0.1:2"], "-np 5 processes, but the hosts"),
+    (["--hostfile", "/nonexistent/hosts"], "cannot read it"),
+    (["-np", "2", "--nproc-per-node", "3"], "-np 2 and --nproc-per-node 3 disagree"),
+    (["-np", "0"], "at least one process"),
+    (["-np", "4", "--nnodes", "2"], "-np counts processes of the whole job"),
+    (["-H", "localhost:2", "--nproc-per-node", "2"], "--nproc-per-node with -H/--hostfile"),
+    (["-H", "localhost:2", "--hostfile", "x"], "both -H and --hostfile"),
+    (["-H", "localhost:1,node9:1"], "cannot reach it by that name"),
+])
+def test_bad_arguments_exit_2_with_a_hint(tmp_path, capsys, argv, words):
+    script = write(tmp_path / "train.py", "print('hi')\n")
+    assert run.main([*argv, str(script)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "\nHINT: " in err, err
+
+
+def test_a_missing_script_is_found_before_any_node_starts(tmp_path, capsys):
+    assert run.main(["-np", "2", "-H", "localhost:1,127.0.0.1:1", str(tmp_path / "no.py")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_bad_arguments_from_the_real_command(tmp_path):
+    script = write(tmp_path / "train.py", "print('hi')\n")
+    proc = subprocess.run(ringtrain_cmd("run", "--horovod", "-np", "3", "-H", "localhost:1", str(script)),
+                          check=False, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "HINT: lower -np to 1" in proc.stderr, outputs(proc)
+
+
+def test_manual_documents_horovod_and_ssh(capsys):
+    with pytest.raises(SystemExit):
+        run.main(["--help"])
+    manual = " ".join(capsys.readouterr().out.split())
+    for words in ("Horovod scripts", "-np", "--hostfile", "slots=N", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME",
+                  "BatchMode=yes", "passwordless ssh", "no authentication", "the first host is node 0"):
+        assert words.lower() in manual.lower(), words
+
+
+# ---------------------------------------------------------------------------------------
+# Real jobs on loopback
+
+
+PROBE = r"""
+    import os, sys
+    import horovod.torch as hvd
+
+    hvd.init()
+    env = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_"))
+    sys.stdout.write(f"RESULT rank={hvd.rank()} size={hvd.size()} local_rank={hvd.local_rank()} "
+                     f"local_size={hvd.local_size()} cross_rank={hvd.cross_rank()} cross_size={hvd.cross_size()} "
+                     f"sum={hvd.allreduce(__import__('torch').tensor(float(hvd.rank())), op=hvd.Sum).item()} "
+                     f"impl={hvd.DistributedOptimizer.__module__} path0={os.environ['PYTHONPATH'].split(os.pathsep)[0]} "
+                     f"{env}\n")
+    hvd.shutdown()
+"""
+
+
+def _env(**extra) -> dict:
+    # No PYTHONPATH at all: `import horovod.torch` must resolve through the launcher alone
+    # (ringtrain itself is installed in the environment running the tests).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("HOROVOD_")}
+    env["OMP_NUM_THREADS"] = "1"  # two cores: no oversubscription
+    env.update(extra)
+    return env
+
+
+def _run(*args, timeout=150, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(ringtrain_cmd("run", *args), check=False, capture_output=True, text=True,
+                          timeout=timeout, env=_env(), cwd=cwd)
+
+
+def test_example_runs_unmodified_with_np(tmp_path):
+    proc = _run("--horovod", "-np", "2", EXAMPLE, "--epochs", "2")
+    assert proc.returncode == 0, outputs(proc)
+    assert "2 worker(s)" in proc.stdout, outputs(proc)  # hvd.size() == 2: both ranks joined
+    epochs = [line for line in proc.stdout.splitlines() if line.startswith("epoch")]
+    assert len(epochs) == 2, outputs(proc)
+    # the accuracy is averaged over both ranks' halves of the test set by hvd.allreduce
+    assert float(epochs[-1].split()[-1]) > 0.7, epochs
+
+
+def test_horovod_variables_on_one_node(tmp_path):
+    script = write(tmp_path / "probe.py", PROBE)
+    proc = _run("--horovod", "-np", "2", str(script))
+    assert proc.returncode == 0, outputs(proc)
+    rows = results(proc.stdout)
+    assert [r["rank"] for r in rows] == ["0", "1"], outputs(proc)
+    for rank, r in enumerate(rows):
+        assert (r["HOROVOD_RANK"], r["HOROVOD_SIZE"], r["HOROVOD_LOCAL_RANK"], r["HOROVOD_LOCAL_SIZE"]) == \
+            (str(rank), "2", str(rank), "2"), r
+        assert (r["HOROVOD_CROSS_RANK"], r["HOROVOD_CROSS_SIZE"]) == ("0", "1"), r
+        assert r["HOROVOD_HOSTNAME"] and r["path0"] == ALIAS and r["sum"] == "1.0", r
+        assert r["impl"] == "ringtrain.horovod.optimizer"  # ringtrain's, not an installed Horovod
+
+
+def test_example_as_two_nodes_on_loopback():
+    proc = _run("--horovod", "-np", "2", "-H", "localhost:1,127.0.0.1:1", EXAMPLE, "--epochs", "1")
+    assert proc.returncode == 0, outputs(proc)
+    assert "2 worker(s)" in proc.stdout and "epoch 0:" in proc.stdout, outputs(proc)
+
+
+def test_two_nodes_see_horovods_cross_topology(tmp_path):
+    script = write(tmp_path / "probe.py", PROBE)
+    proc = _run("--horovod", "-np", "2", "-H", "localhost:1,127.0.0.1:1", str(script))
+    assert proc.returncode == 0, outputs(proc)
+    rows = results(proc.stdout)
+    assert [(r["rank"], r["cross_rank"], r["cross_size"], r["local_size"], r["local_rank"]) for r in rows] == \
+        [("0", "0", "2", "1", "0"), ("1", "1", "2", "1", "0")], outputs(proc)
+    assert [(r["HOROVOD_CROSS_RANK"], r["HOROVOD_CROSS_SIZE"], r["HOROVOD_LOCAL_SIZE"]) for r in rows] == \
+        [("0", "2", "1"), ("1", "2", "1")]
+    assert all(r["sum"] == "1.0" and r["size"] == "2" for r in rows)
+
+
+def test_uneven_nodes_fill_in_order(tmp_path):
+    # -np 3 over two 2-slot hosts: 2 + 1 processes, ranks 0-1 on node 0 (horovodrun's order).
+    script = write(tmp_path / "probe.py", PROBE)
+    proc = _run("--horovod", "-np", "3", "-H", "localhost:2,127.0.0.1:2", str(script))
+    assert proc.returncode == 0, outputs(proc)
+    rows = results(proc.stdout)
+    got = [(r["rank"], r["HOROVOD_CROSS_RANK"], r["local_rank"], r["local_size"], r["cross_rank"], r["cross_size"])
+           for r in rows]
+    # Horovod's cross ranks: among the nodes that have this local rank (local rank 1: node 0 only)
+    assert got == [("0", "0", "0", "2", "0", "2"), ("1", "0", "1", "2", "0", "1"),
+                   ("2", "1", "0", "1", "1", "2")], outputs(proc)
+    assert all(r["size"] == "3" and r["sum"] == "3.0" for r in rows)
+
+
+FAIL_ON_NODE_1 = r"""
+    import os, sys, time
+    if os.environ["GROUP_RANK"] == "1":
+        sys.exit(3)
+    sys.stdout.write("RESULT rank=0 waiting=1\n"); sys.stdout.flush()
+    time.sleep(200)  # node 0 never ends by itself: the launcher must stop it
+"""
+
+
+def test_a_failing_node_stops_the_others(tmp_path):
+    script = write(tmp_path / "fail.py", FAIL_ON_NODE_1)
+    start = time.monotonic()
+    proc = _run("-np", "2", "-H", "localhost:1,127.0.0.1:1", str(script), timeout=120)
+    assert proc.returncode == 1, outputs(proc)
+    assert "node 1 (127.0.0.1) failed with exit code 1; the other nodes were stopped" in proc.stderr, outputs(proc)
+    assert time.monotonic() - start < 90
+
+
+def test_sigterm_stops_every_node(tmp_path):
+    script = write(tmp_path / "wait.py", r"""
+        import os, sys, time
+        sys.stdout.write(f"READY {os.environ['GROUP_RANK']}\n"); sys.stdout.flush()
+        time.sleep(200)
+    """)
+    proc = subprocess.Popen(ringtrain_cmd("run", "-H", "localhost:1,127.0.0.1:1", str(script)), env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = set()
+        while len(ready) < 2:
+            line = proc.stdout.readline()
+            assert line, outputs(subprocess.CompletedProcess(proc.args, proc.wait(), "", proc.stderr.read()))
+            if line.startswith("READY"):
+                ready.add(line.split()[1])
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM; stopping all 2 node(s)" in err
