@@ -152,6 +152,10 @@ class DDPStrategy(Strategy, BackwardSyncControl):
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_group = False
+        # Drop the store client now, not during interpreter shutdown, where destroying its
+        # threads late can abort the process ("terminate called without an active exception").
+        self.checker = None
+        self.store = None
 
     def wrap_module(self, module: nn.Module, **wrap_kwargs: Any) -> nn.Module:
         if not any(p.requires_grad for p in module.parameters()):
