@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import time
 import socket
 from typing import Any, ContextManager
 
@@ -150,6 +151,17 @@ class DDPStrategy(Strategy, BackwardSyncControl):
 
     def teardown(self) -> None:
         if self._owns_group and dist.is_initialized():
+            # Gloo's worker threads drop their last tensors after a collective completes,
+            # and dropping one needs the GIL. If the group is then destroyed from Python
+            # (here, or later when DDP's reducer is freed) while one of them still waits
+            # for the GIL, ~ProcessGroupGloo joins that thread with the GIL held: a
+            # deadlock (seen under gdb: Reducer::~Reducer -> ~ProcessGroupGloo ->
+            # thread::join while pt_gloo_runloop waits in decref_pyobject). A barrier makes
+            # every earlier collective finished on all ranks, and the short sleep releases
+            # the GIL so the worker threads can finish with their tensors.
+            with contextlib.suppress(RuntimeError):
+                dist.barrier()
+            time.sleep(0.05)
             dist.destroy_process_group()
         self._owns_group = False
         # Drop the store client now, not during interpreter shutdown, where destroying its
