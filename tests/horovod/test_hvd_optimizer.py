@@ -20,7 +20,7 @@ def results():
     return ringtrain.launch(jobs.training, N, timeout=170)
 
 
-def close(got, want, tol=1e-5):
+def assert_close(got, want, tol=1e-5):
     assert torch.allclose(got, want, atol=tol, rtol=0), (got - want).abs().max()
 
 
@@ -29,46 +29,46 @@ def test_equals_single_process_on_the_combined_batch(results, name):
     factory, _, k, clip = jobs.CONFIGS.get(name, jobs.CONFIGS["sgd"])
     want = ex.reference(factory, N, jobs.STEPS, k, clip=clip)
     for res in results:
-        close(res[name], want)
+        assert_close(res[name], want)
 
 
 def test_backward_passes_per_step_accumulates(results):
     want = ex.reference(jobs.SGD, N, jobs.STEPS, k=2)
     for res in results:
-        close(res["bpps2"], want)
-        close(res["strategy"], want)  # strategy="hvd" with accumulate=2 runs the same machinery
+        assert_close(res["bpps2"], want)
+        assert_close(res["strategy"], want)  # strategy="hvd" with accumulate=2 runs the same machinery
 
 
 def test_fp16_compression_within_fp16_tolerance(results):
     want = ex.reference(jobs.SGD, N, jobs.STEPS)
     for res in results:
-        close(res["fp16"], want, tol=2e-3)
+        assert_close(res["fp16"], want, tol=2e-3)
         assert not torch.equal(res["fp16"], res["sgd"])  # it did travel as fp16
 
 
 def test_sum_op_is_the_summed_gradient(results):
     want = ex.reference(jobs.SGD, N, jobs.STEPS, loss_scale=N)
     for res in results:
-        close(res["sum"], want)
+        assert_close(res["sum"], want)
 
 
 def test_fusion_on_and_off_agree(results):
     for res in results:
-        close(res["fusion_off"], res["sgd"], tol=1e-6)
+        assert_close(res["fusion_off"], res["sgd"], tol=1e-6)
         assert res["fusion_on_buckets"] == 1 and res["fusion_off_buckets"] == 6
 
 
 def test_adasum_optimizer_is_the_delta_rule_by_hand(results):
     want = ex.adasum_reference(N, jobs.STEPS, lr=0.1)
     for res in results:
-        close(res["adasum"], want)
+        assert_close(res["adasum"], want)
     assert torch.equal(results[0]["adasum"], results[1]["adasum"])
 
 
 def test_join_lets_a_rank_finish_early(results):
     # rank 1 joined after 3 steps; rank 0's 4th step averaged its gradient with rank 1's zeros
-    close(results[0]["join"][0], ex.reference(jobs.SGD, N, jobs.STEPS, extra_rank0_steps=1))
-    close(results[1]["join"][0], ex.reference(jobs.SGD, N, jobs.STEPS))
+    assert_close(results[0]["join"][0], ex.reference(jobs.SGD, N, jobs.STEPS, extra_rank0_steps=1))
+    assert_close(results[1]["join"][0], ex.reference(jobs.SGD, N, jobs.STEPS))
     assert results[0]["join"][1] == results[1]["join"][1] == 0  # rank 0 joined last
 
 
@@ -102,6 +102,6 @@ def test_elastic_run_restores_the_last_commit_and_resumes(results):
     want = ex.reference(jobs.SGD, N, jobs.STEPS)
     for res in results:
         params, attempts, result, sampler = res["elastic"]
-        close(params, want)  # the step taken before the failure was rolled back, then redone once
+        assert_close(params, want)  # the step taken before the failure was rolled back, then redone once
         assert attempts == [0, 1] and result == "finished"
         assert sampler == {"epoch": 0, "processed_num": jobs.STEPS * 4 * N}

@@ -139,6 +139,7 @@ def test_killing_a_process_that_called_launch_takes_its_ranks_along(tmp_path):
         driver.kill()
         driver.wait(10)
         _wait_for(lambda: not any(map(_alive, pids)), 10, f"ranks {pids} to die")
+        assert len(pids) == 2 and not any(map(_alive, pids))
     finally:
         driver.kill()
         for pid in pids:

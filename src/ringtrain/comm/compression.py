@@ -9,19 +9,23 @@ integer tensors are left alone.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 
 
-class Compressor:
+class Compressor(ABC):
     """Interface: subclass and override both static methods."""
 
     @staticmethod
+    @abstractmethod
     def compress(tensor: torch.Tensor):
-        raise NotImplementedError
+        """Return (tensor to send, context for decompress)."""
 
     @staticmethod
+    @abstractmethod
     def decompress(tensor: torch.Tensor, ctx):
-        raise NotImplementedError
+        """Return the received tensor restored with ``ctx``."""
 
 
 class NoneCompressor(Compressor):

@@ -9,6 +9,8 @@ Python objects, broadcast by pickling.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import copy
 
 import torch
@@ -18,7 +20,7 @@ from ..functions import broadcast_object, broadcast_optimizer_state, broadcast_p
 from .sampler import ElasticSampler
 
 
-class State:
+class State(ABC):
     """Base class: ``save``/``restore``/``sync``/``reset`` are up to subclasses."""
 
     def __init__(self, bcast_object=broadcast_object, get_rank=rank):
@@ -45,14 +47,17 @@ class State:
     def check_host_updates(self) -> None:
         """Hosts never change in a fixed host set: nothing to do."""
 
+    @abstractmethod
     def save(self) -> None:
-        raise NotImplementedError
+        """Remember the current state in memory (commit calls it)."""
 
+    @abstractmethod
     def restore(self) -> None:
-        raise NotImplementedError
+        """Go back to the last saved state (after a failure)."""
 
+    @abstractmethod
     def sync(self) -> None:
-        raise NotImplementedError
+        """Make every rank's state rank 0's."""
 
     def reset(self) -> None:
         """Called after re-initialisation; nothing by default."""
