@@ -23,6 +23,7 @@ here instead of binding the port a second time.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import os
@@ -134,8 +135,6 @@ def serve_store(listener: socket.socket, addr: str, timeout: float) -> TCPStore:
             master_listen_fd=fd,
         )
     except Exception:
-        try:
+        with contextlib.suppress(OSError):  # the failed server may have closed it already
             os.close(fd)
-        except OSError:
-            pass  # the failed server already closed it
         raise
