@@ -41,7 +41,7 @@ from torch import nn
 
 import ringtrain as rt
 from ringtrain import environments
-from ringtrain.strategies.pipeline import PipelineStrategy
+from ringtrain.strategies import Pipeline
 
 
 def make_model(width: int, layers: int) -> nn.Sequential:
@@ -78,7 +78,7 @@ def bench(stages: int, width: int, layers: int, micro: int, steps: int, rounds: 
     runs: list[dict] = []
     for schedule in schedules:
         for m in (stages, 2 * stages, 4 * stages):
-            strategy = PipelineStrategy(environments.detect(), stages=stages, microbatches=m, schedule=schedule, device="cpu")
+            strategy = Pipeline(stages=stages, microbatches=m, schedule=schedule).attach(environments.detect(), device="cpu")
             strategy.setup_environment()  # the first one forms the process group; later ones only add subgroups
             model = make_model(width, layers)
             whole = param_bytes(model)

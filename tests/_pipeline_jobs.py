@@ -15,7 +15,7 @@ from ringtrain import environments
 from ringtrain.errors import RingtrainError
 from ringtrain.precision import Precision
 from ringtrain.split import split
-from ringtrain.strategies.pipeline import PipelineStrategy
+from ringtrain.strategies import Pipeline
 
 LR, MOMENTUM = 0.1, 0.9
 
@@ -77,13 +77,13 @@ def reference(steps: int, size: int | list[int], *, accumulate: int = 1, clip: f
     return {"state": model.state_dict(), "optimizer": optimizer.state_dict(), "losses": losses}
 
 
-def _strategy(**kwargs) -> PipelineStrategy:
-    strategy = PipelineStrategy(environments.detect(), device="cpu", **kwargs)
+def _strategy(**kwargs) -> Pipeline:
+    strategy = Pipeline(**kwargs).attach(environments.detect(), device="cpu")
     strategy.setup_environment()
     return strategy
 
 
-def _train(strategy: PipelineStrategy, *, split_at, steps: int, per_replica: int | list[int], accumulate: int = 1,
+def _train(strategy: Pipeline, *, split_at, steps: int, per_replica: int | list[int], accumulate: int = 1,
            clip: float | None = None, precision: str = "32", start: int = 0, load: str | None = None,
            model: str = "mlp") -> dict:
     model = MODELS[model]()
@@ -133,7 +133,7 @@ def _train(strategy: PipelineStrategy, *, split_at, steps: int, per_replica: int
 
 
 def train_cases(cases: list[dict], bad_batch: int | None = None) -> list:
-    """Several trainings in one process group (each case: PipelineStrategy kwargs + _train kwargs).
+    """Several trainings in one process group (each case: Pipeline kwargs + _train kwargs).
 
     ``bad_batch``: finally step a batch of that size (not a multiple of microbatches) and append the error.
     """
@@ -166,7 +166,7 @@ def train_cases(cases: list[dict], bad_batch: int | None = None) -> list:
 
 def save_then_resume(path: str, steps: int, save_at: int, per_replica: int, resumes: list[dict]) -> dict:
     """Train 2 stages x 1 replica to ``save_at`` and save a full checkpoint; then resume it in each of
-    ``resumes`` (PipelineStrategy kwargs + split_at + per_replica, same combined batch) and go on to ``steps``."""
+    ``resumes`` (Pipeline kwargs + split_at + per_replica, same combined batch) and go on to ``steps``."""
     first = _strategy(stages=2, microbatches=4, schedule="1f1b")
     saved = _train(first, split_at=["2"], steps=save_at, per_replica=per_replica)
     if first.rank == 0:

@@ -8,10 +8,12 @@ import sys
 import textwrap
 
 import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "launcher"))
+from _launch_util import free_port  # noqa: E402
 import torch
 
 import _ring_jobs as jobs
-from ringtrain.strategies.ddp import free_port
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -9,11 +9,13 @@ import textwrap
 import time
 
 import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "launcher"))
+from _launch_util import free_port  # noqa: E402
 import torch
 
 import _ring_jobs as jobs
 import ringtrain as rt
-from ringtrain.strategies.ddp import free_port
 
 pytestmark = pytest.mark.timeout(180)
 

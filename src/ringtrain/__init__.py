@@ -10,26 +10,48 @@
             ring.backward(loss)
             optimizer.step(); optimizer.zero_grad()
         ring.save("ckpt.pt", model=model, optimizer=optimizer, epoch=epoch)
+
+The public names are loaded on first use (PEP 562): ``import ringtrain`` itself imports
+neither torch nor anything else, so the ``ringtrain`` command's ``--help`` is instant and
+the launcher's worker entry can use ringtrain's torch-free modules (``ringtrain.failures``)
+without importing torch before the user's script does (a script may set
+``CUDA_VISIBLE_DEVICES`` before its own ``import torch``).
 """
 
-from .errors import RingtrainError
-from .launcher import launch
-from .optim import scale_lr
-from .split import split
-from .ring import Ring, seed_everything
-from .syncbn import SyncBatchNorm, convert_sync_batchnorm, revert_sync_batchnorm
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Ring",
-    "RingtrainError",
-    "SyncBatchNorm",
-    "convert_sync_batchnorm",
-    "launch",
-    "revert_sync_batchnorm",
-    "scale_lr",
-    "seed_everything",
-    "split",
-    "__version__",
-]
+# public name -> the module that defines it
+_EXPORTS = {
+    "Ring": "ringtrain.ring",
+    "seed_everything": "ringtrain.seeding",
+    "RingtrainError": "ringtrain.errors",
+    "launch": "ringtrain.launcher.spawn",
+    "spawn": "ringtrain.launcher.spawn",
+    "scale_lr": "ringtrain.optim",
+    "split": "ringtrain.split",
+    "SyncBatchNorm": "ringtrain.syncbn",
+    "convert_sync_batchnorm": "ringtrain.syncbn",
+    "revert_sync_batchnorm": "ringtrain.syncbn",
+}
+_SUBPACKAGES = ("strategies", "horovod", "comm", "bench", "launcher", "doctor")
+
+__all__ = sorted(_EXPORTS) + ["strategies", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"ringtrain.{name}")
+    raise AttributeError(f"module 'ringtrain' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBPACKAGES))

@@ -22,8 +22,13 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from . import liveness
 from .errors import RingtrainError
 
+_PEER_HINT = (
+    "the other rank's own error (in its output, or first in the launcher's report) is the cause; a rank "
+    "that finished early means the ranks made different collective calls (a branch on the rank, uneven data)."
+)
 _DEBUG_HINT = (
     "a peer rank may have died, be stuck elsewhere, or have called a different collective; rerun with "
     "Ring(debug_collectives=True) (or RINGTRAIN_DEBUG_COLLECTIVES=1) to name the rank and its call."
@@ -77,8 +82,12 @@ def _named(call: str, check: Checker | None) -> Iterator[None]:
     if check is not None:
         check(call)
     try:
-        yield
+        with liveness.ACTIVITY.calling(call):
+            yield
     except RuntimeError as e:  # DistBackendError and friends
+        why = liveness.explain()  # a peer that failed or left first, if the board knows one
+        if why is not None:
+            raise RingtrainError(f"{call} on rank {dist.get_rank()} failed because {why}", _PEER_HINT) from e
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise RingtrainError(f"{call} failed on rank {dist.get_rank()}: {first}", _DEBUG_HINT) from e
 

@@ -8,6 +8,7 @@ order of ``DETECTION_ORDER`` and returns the first that claims the process.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -34,6 +35,10 @@ class Environment:
     # torchrun's agent already hosts the rendezvous store: workers must join it
     # through env:// instead of opening their own store on the same port.
     init_method: str | None = None
+    # Which attempt this is (torchelastic restarts workers after a failure), and where the
+    # launcher wants a failing worker's error report (TORCHELASTIC_ERROR_FILE).
+    restart_count: int = 0
+    error_file: str | None = None
 
     @property
     def is_distributed(self) -> bool:
@@ -92,6 +97,8 @@ class TorchElastic:
             master_addr=addr,
             master_port=port,
             init_method="env://",
+            restart_count=_int(environ, "TORCHELASTIC_RESTART_COUNT", 0),
+            error_file=environ.get("TORCHELASTIC_ERROR_FILE") or None,
         )
 
 
@@ -279,3 +286,36 @@ def _validate(env: Environment) -> None:
             f"{env.name} environment says local rank {env.local_rank}",
             "local rank must be >= 0: check the launcher's variables.",
         )
+
+
+def with_explicit(env: Environment, world_size: int | None, rank: int | None) -> Environment:
+    """Apply ``Ring(world_size=..., rank=...)``; a launcher that says otherwise is an error."""
+    if world_size is None and rank is None:
+        return env
+    if env.is_distributed:
+        if world_size is not None and world_size != env.world_size:
+            raise RingtrainError(
+                f"Ring(world_size={world_size}) was asked for, but the launcher ({env.name}) started "
+                f"{env.world_size} processes",
+                "drop world_size= and let the launcher decide, or launch with a matching process count.",
+            )
+        if rank is not None and rank != env.rank:
+            raise RingtrainError(
+                f"Ring(rank={rank}) was asked for, but the launcher ({env.name}) says this is rank {env.rank}",
+                "drop rank= when a launcher starts the processes.",
+            )
+        return env
+    if world_size is None or rank is None:
+        raise RingtrainError(
+            "Ring got only one of world_size= and rank=",
+            "give both (with init_method='tcp://host:port' or 'file:///path'), or start with `ringtrain run`.",
+        )
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise RingtrainError(
+            f"Ring got rank={rank} for world_size={world_size}",
+            "rank must be in [0, world_size).",
+        )
+    # Processes started by hand are taken to share one node, local rank = rank.
+    return dataclasses.replace(
+        env, name="explicit", rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size
+    )

@@ -225,3 +225,37 @@ def scale_lr(base_lr: float, base_batch: int, global_batch: int, rule: str = "li
     if rule == "sqrt":
         return base_lr * ratio**0.5
     raise RingtrainError(f"scale_lr got rule={rule!r}", "use rule='linear' or rule='sqrt'.")
+
+
+class NoSyncWindow:
+    """Inside an accumulation window, run forward and backward under the strategy's ``no_sync``.
+
+    Decided before the forward, because DDP reads its ``no_sync`` flag in forward
+    (DistributedDataParallel.forward -> reducer.prepare_for_backward), not in backward; the
+    region is closed after the backward (``close``). One all-reduce per optimizer step.
+    """
+
+    def __init__(self, accumulator: Accumulator, no_sync: Callable[[Any], Any], remaining: Callable[[], int | None]):
+        self.accumulator = accumulator
+        self.no_sync = no_sync
+        self.remaining = remaining
+        self._open: dict[int, Any] = {}  # open no_sync regions, by id of the wrapped model
+
+    def attach(self, module: torch.nn.Module) -> None:
+        module.register_forward_pre_hook(self._before_forward)
+
+    def _before_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if not torch.is_grad_enabled():
+            return
+        stale = self._open.pop(id(module), None)
+        if stale is not None:  # a forward whose backward never came (e.g. a skipped batch)
+            stale.__exit__(None, None, None)
+        if not self.accumulator.boundary_ahead(self.remaining()):
+            region = self.no_sync(module)
+            region.__enter__()
+            self._open[id(module)] = region
+
+    def close(self) -> None:
+        for region in self._open.values():
+            region.__exit__(None, None, None)
+        self._open.clear()

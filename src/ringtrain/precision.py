@@ -40,13 +40,18 @@ def _to_float32(output: Any) -> Any:
     return output
 
 
+def canonical(name: str) -> str:
+    """The precision's canonical name (``"bf16"`` -> ``"bf16-mixed"``); a clear error for unknown ones."""
+    if name not in _ALIASES:
+        raise RingtrainError(f"unknown precision {name!r}", f"use one of {', '.join(PRECISIONS)}.")
+    return _ALIASES[name]
+
+
 class Precision:
     """Mixed or full precision for one device type."""
 
     def __init__(self, name: str, device: torch.device):
-        if name not in _ALIASES:
-            raise RingtrainError(f"unknown precision {name!r}", f"use one of {', '.join(PRECISIONS)}.")
-        self.name = _ALIASES[name]
+        self.name = canonical(name)
         self.device_type = device.type
         self.dtype = {"32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}[self.name]
         if self.dtype is not None and not torch.amp.is_autocast_available(self.device_type):

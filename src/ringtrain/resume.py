@@ -1,16 +1,25 @@
-"""Saving a run and continuing it: the part of ``Ring`` that writes and reads checkpoints.
+"""Saving a run and continuing it: ``Resumer``, which a ``Ring`` holds and delegates to.
 
-A mixin of ``Ring`` (one idea, kept out of ring.py's way): ``save``/``load`` for
-the user's objects plus what the ring itself needs to continue exactly — every
-rank's RNG state, the loaders' positions, the epoch, the optimizer-step count
-and the fp16 scaler — and the periodic ``checkpoint_dir`` saves that a restarted
-job resumes from in ``setup``. File-level work (atomic writes, safe loading,
-the manifest) is checkpoint.py's.
+The state machine, top to bottom:
+
+1. ``track(targets)`` — ``ring.setup`` hands over the model/optimizer/scheduler it made; with
+   a ``checkpoint_dir`` they become the periodic save's contents, and the newest complete
+   checkpoint in the folder is loaded into them now (a restarted job resumes here);
+2. ``add_loader(made)`` — a loader made after a load gets its saved position;
+3. ``after_step()`` — the optimizer stepped: every ``save_every`` steps a save becomes due;
+4. ``autosave()`` — the ring writes a due save (``save_due``) when the next batch is asked
+   for (the user's scheduler.step() and zero_grad() for that step have run by then), or
+   when the epochs end;
+5. ``save(path, **state)`` / ``load(path, **targets)`` — the user's own checkpoints.
+
+A ring checkpoint holds the user's objects plus what continuing exactly needs: every
+rank's RNG state, the loaders' positions, the epoch, the optimizer-step count and the
+fp16 scaler. File-level work (atomic writes, safe loading, the manifest) is checkpoint.py's.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -18,18 +27,83 @@ from torch import nn
 from . import checkpoint
 from .data import RingLoader
 from .errors import RingtrainError
+from .optim import Accumulator
 
 
-class SaveAndResume:
-    """Checkpoint methods of ``Ring``; they use the ring's strategy, loaders and counters."""
+class Resumer:
+    """Checkpoints of one ring: what to save, when, and how to continue from one."""
 
+    def __init__(self, strategy: Any, accumulator: Accumulator, scaler: torch.amp.GradScaler,
+                 loaders: list[RingLoader], epoch: Callable[[], int | None], say: Callable[[str], None],
+                 checkpoints: checkpoint.CheckpointDir | None = None, save_every: int | None = None):
+        self.strategy = strategy
+        self.accumulator = accumulator
+        self.scaler = scaler
+        self.loaders = loaders  # the ring's own list: loaders it makes later appear here too
+        self.epoch = epoch
+        self.say = say
+        self.checkpoints = checkpoints
+        self.save_every = save_every
+        self.resume_epoch: int | None = None  # where ring.epochs continues after a load
+        self._targets: dict[str, Any] = {}  # what the periodic save writes
+        self._loader_states: list[dict[str, Any]] = []  # saved positions, by loader index
+        self._save_due = False
+
+    @staticmethod
+    def checkpoint_dir(folder: str | None, save_every: int | None, keep_last: int) -> checkpoint.CheckpointDir | None:
+        """``Ring(checkpoint_dir=, save_every=, keep_last=)``, checked before any process group forms."""
+        if save_every is not None and (not isinstance(save_every, int) or save_every < 1 or folder is None):
+            raise RingtrainError(
+                f"Ring got save_every={save_every!r} with checkpoint_dir={folder!r}",
+                "save_every is a positive number of optimizer steps and needs checkpoint_dir=... to save into.",
+            )
+        return checkpoint.CheckpointDir(folder, keep_last) if folder else None
+
+    @property
+    def is_main(self) -> bool:
+        return self.strategy.rank == 0
+
+    # --- 1, 2: what the ring set up ------------------------------------------------------
+    def track(self, targets: dict[str, Any]) -> None:
+        if self.checkpoints is None:
+            return
+        self._targets.update(targets)
+        latest = self.checkpoints.latest() if self.is_main else None
+        latest = self.strategy.broadcast_object(latest)
+        if latest is None:
+            return
+        self.load(latest, **targets)
+        self.say(f"ringtrain: resumed from {latest} (epoch {self.resume_epoch}, step {self.accumulator.optimizer_steps})")
+
+    def add_loader(self, made: RingLoader) -> None:
+        index = self.loaders.index(made)
+        if index < len(self._loader_states):
+            _resume_loader(made, self._loader_states[index])
+
+    def take_resume_epoch(self) -> int | None:
+        epoch, self.resume_epoch = self.resume_epoch, None
+        return epoch
+
+    # --- 3, 4: periodic saves ----------------------------------------------------------
+    def after_step(self) -> None:
+        if self.save_every and self.accumulator.optimizer_steps % self.save_every == 0:
+            self._save_due = True
+
+    @property
+    def save_due(self) -> bool:
+        return self._save_due
+
+    def autosave(self) -> None:
+        self._save_due = False
+        step = self.accumulator.optimizer_steps
+        path = self.checkpoints.path_for(step)  # type: ignore[union-attr]
+        self.save(path, **self._targets)
+        if self.is_main:
+            self.checkpoints.commit(path, step=step, epoch=self.epoch())  # type: ignore[union-attr]
+
+    # --- 5: the user's checkpoints ------------------------------------------------------
     def save(self, path: str, **state: Any) -> None:
-        """Write ``state`` to ``path`` from the main process, atomically; every rank returns when it is on disk.
-
-        Modules are saved unwrapped (no ``module.`` prefix); anything with
-        ``state_dict()`` is saved as its state dict; other values as they are.
-        Every rank's RNG state and the loaders' positions go in too, for ``load``.
-        """
+        """Write ``state`` to ``path`` from the main process, atomically; every rank returns when it is on disk."""
         if checkpoint.META_KEY in state:
             raise RingtrainError(f"ring.save got the reserved key {checkpoint.META_KEY!r}", "rename that entry.")
         rng = self.strategy.gather_object(checkpoint.capture_rng())
@@ -39,12 +113,12 @@ class SaveAndResume:
         if self.is_main:
             payload[checkpoint.META_KEY] = {
                 "format": checkpoint.FORMAT,
-                "world_size": self.world_size,
+                "world_size": self.strategy.world_size,
                 "rng": rng,
-                "loaders": [made.state() for made in self._loaders],
-                "epoch": self._epoch,
+                "loaders": [made.state() for made in self.loaders],
+                "epoch": self.epoch(),
                 "optimizer_steps": self.accumulator.optimizer_steps,
-                "scaler": self.precision.scaler.state_dict(),
+                "scaler": self.scaler.state_dict(),
             }
             try:
                 checkpoint.atomic_save(payload, path)
@@ -66,14 +140,8 @@ class SaveAndResume:
         return checkpoint.state_of(value)
 
     def load(self, path: str, **targets: Any) -> dict[str, Any]:
-        """Load ``path`` (on every rank, onto ``ring.device``) into ``targets``; return the other entries.
-
-        Accepts ring.save checkpoints and plain PyTorch ones, with or without
-        ``module.`` prefixes; a bare state dict loads into the one module given.
-        After loading a ring checkpoint, ``ring.epochs`` and the loaders continue
-        where the saved run was (mid-epoch included).
-        """
-        ckpt = checkpoint.read(path, self.device)
+        """Load ``path`` (on every rank, onto the ring's device) into ``targets``; return the other entries."""
+        ckpt = checkpoint.read(path, self.strategy.device)
         modules = [name for name, t in targets.items() if isinstance(t, nn.Module)]
         if checkpoint.META_KEY not in ckpt and checkpoint.is_plain_state_dict(ckpt) and len(modules) == 1:
             ckpt = {modules[0]: ckpt}
@@ -87,7 +155,7 @@ class SaveAndResume:
                 self.strategy.load_module_state(target, ckpt[name], path)
             elif isinstance(target, torch.optim.Optimizer):
                 self.strategy.load_optimizer_state(target, ckpt[name])
-                self._move_optimizer_state(target)
+                move_optimizer_state(target, self.strategy.device)
             elif hasattr(target, "load_state_dict"):
                 target.load_state_dict(ckpt[name])
             else:
@@ -102,51 +170,35 @@ class SaveAndResume:
 
     def _restore_meta(self, meta: dict[str, Any]) -> None:
         # RNG streams are per rank: restored only when the world has the same size.
-        if meta.get("world_size") == self.world_size and meta.get("rng"):
-            checkpoint.restore_rng(meta["rng"][self.rank])
+        if meta.get("world_size") == self.strategy.world_size and meta.get("rng"):
+            checkpoint.restore_rng(meta["rng"][self.strategy.rank])
         self.accumulator.optimizer_steps = int(meta.get("optimizer_steps", 0))
-        if meta.get("scaler") and self.precision.scaler.is_enabled():
-            self.precision.scaler.load_state_dict(meta["scaler"])
-        self._loader_resume = list(meta.get("loaders") or [])
-        for made, saved in zip(self._loaders, self._loader_resume):
-            self._resume_loader(made, saved)
-        training = [s for s in self._loader_resume if not s.get("exact")]
+        if meta.get("scaler") and self.scaler.is_enabled():
+            self.scaler.load_state_dict(meta["scaler"])
+        self._loader_states = list(meta.get("loaders") or [])
+        for made, saved in zip(self.loaders, self._loader_states):
+            _resume_loader(made, saved)
+        training = [s for s in self._loader_states if not s.get("exact")]
         nexts = [s["epoch"] + 1 if s["finished"] else s["epoch"] for s in training]
         saved_epoch = meta.get("epoch")
         if nexts:
-            self._resume_epoch = min(nexts)
+            self.resume_epoch = min(nexts)
         elif saved_epoch is not None:
-            self._resume_epoch = saved_epoch + 1
+            self.resume_epoch = saved_epoch + 1
 
-    @staticmethod
-    def _resume_loader(made: RingLoader, saved: dict[str, Any]) -> None:
-        if saved["finished"]:
-            made.resume(saved["epoch"] + 1, 0)
-            return
-        now = getattr(made.sampler, "num_replicas", 1)
-        resharded = saved.get("replicas", now) != now
-        made.resume(saved["epoch"], saved["batches"], saved.get("position") if resharded else None)
 
-    # --- periodic checkpoints (Ring(checkpoint_dir=..., save_every=...)) -----------
-    def _resume_from_checkpoint_dir(self, targets: dict[str, Any]) -> None:
-        latest = self.checkpoints.latest() if self.is_main else None  # type: ignore[union-attr]
-        latest = self.strategy.broadcast_object(latest)
-        if latest is None:
-            return
-        self.load(latest, **targets)
-        self.print(f"ringtrain: resumed from {latest} (epoch {self._resume_epoch}, step {self.optimizer_steps})")
+def _resume_loader(made: RingLoader, saved: dict[str, Any]) -> None:
+    if saved["finished"]:
+        made.resume(saved["epoch"] + 1, 0)
+        return
+    now = getattr(made.sampler, "num_replicas", 1)
+    resharded = saved.get("replicas", now) != now
+    made.resume(saved["epoch"], saved["batches"], saved.get("position") if resharded else None)
 
-    def _after_step(self) -> None:
-        if self.save_every and self.accumulator.optimizer_steps % self.save_every == 0:
-            # Saved when the next batch is asked for: by then the user's scheduler.step()
-            # and zero_grad() for this step have run too.
-            self._save_due = True
 
-    def _autosave(self) -> None:
-        self._save_due = False
-        self.nonfinite.check(force=True)
-        step = self.accumulator.optimizer_steps
-        path = self.checkpoints.path_for(step)  # type: ignore[union-attr]
-        self.save(path, **self._autosave_targets)
-        if self.is_main:
-            self.checkpoints.commit(path, step=step, epoch=self._epoch)  # type: ignore[union-attr]
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Optimizer state tensors to ``device``; the step counters stay where they are (CPU)."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(device)

@@ -1,91 +1,54 @@
 """``Ring``: the one object a training script holds.
 
-Data flows one way: the environment (who am I?) chooses and configures a
-strategy (how do I run?), which prepares the model, optimizer and loaders the
-user's loop then drives. The loop itself is the single-device loop: every method
-here is correct on one process (collectives are the identity) and on many.
+Data flows one way: the environment (who am I?) and the strategy (how do I run?) prepare
+the model, optimizer and loaders the user's loop then drives. The loop itself is the
+single-device loop: every method here is correct on one process (collectives are the
+identity) and on many. The Ring coordinates; it asks the strategy what it can do and never
+names one (strategies/base.py); saving and resuming is the ``Resumer``'s (resume.py).
 """
 
 from __future__ import annotations
 
-import atexit
-import weakref
-import os
 import datetime
-import random
+import os
 from typing import Any, Iterable, Iterator
 
-import numpy as np
 import torch
 from torch import nn
 
-from . import checkpoint, environments
+from . import environments, precision as precisions, strategies
 from .data import RingLoader, make_loader
 from .errors import RingtrainError
-from .optim import Accumulator, NonFiniteGuard, RingScheduler, wrap_optimizer
-from .precision import Precision
+from .optim import Accumulator, NoSyncWindow, NonFiniteGuard, RingScheduler, wrap_optimizer
 from .progress import Progress
-from .resume import SaveAndResume
-from .strategies import DEFAULT_TIMEOUT_S, choose_strategy
-from .strategies.base import BackwardSyncControl, PipelineSchedule
-from .strategies.ddp import DDP_OPTIONS
+from .resume import Resumer, move_optimizer_state
+from .seeding import configure_kernels, seed_everything
+from .strategies import BackwardSyncControl, PipelineSchedule, Strategy
+from .strategies._group import as_timeout
+
+DEFAULT_TIMEOUT_S = 1800.0
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)  # also seeds every CUDA device
-
-
-def _close_if_alive(ring_ref: "weakref.ref[Ring]") -> None:
-    ring = ring_ref()
-    if ring is not None:
-        ring.close()
-
-
-class Ring(SaveAndResume):
+class Ring:
     """Everything a training loop needs to run on one device or many, unchanged.
 
-    ``strategy``: ``"auto"`` (DDP when launched with more than one process, else
-    single), ``"single"`` or ``"ddp"``. ``seed`` seeds python/numpy/torch alike
-    on every rank. ``backend`` overrides the NCCL/Gloo choice; ``init_method``
-    (``env://``, ``tcp://host:port``, ``file:///path``) with ``world_size`` and
-    ``rank`` forms a group without a launcher. ``timeout`` (seconds) bounds
-    forming the group and every collective. ``device``: ``"auto"``, ``"cpu"``, ``"cuda"``.
-
-    ``accumulate=k`` sums gradients over k micro-batches per optimizer step
-    (DDP synchronises only on the k-th); ``precision`` is ``"32"``,
-    ``"bf16-mixed"`` or ``"16-mixed"``; ``sync_batchnorm`` converts every
-    BatchNorm so statistics cover the global batch; ``deterministic`` turns on
-    torch's deterministic algorithms; ``cudnn_benchmark`` (default: on unless
-    deterministic) lets cuDNN pick the fastest convolution for fixed shapes.
-
-    ``checkpoint_dir`` with ``save_every=N`` saves every N optimizer steps
-    (keeping ``keep_last``), and a ring started again with the same folder —
-    e.g. by ``ringtrain run --max-restarts`` after a worker died — resumes from
-    the newest complete checkpoint in ``setup``, mid-epoch included.
-    ``nonfinite``: what a NaN/inf loss does — ``"raise"`` (stop, naming the
-    step), ``"skip"`` (every rank drops that accumulation window's step) or
-    ``"ignore"``. ``debug_collectives`` (or ``RINGTRAIN_DEBUG_COLLECTIVES=1``):
-    every collective is first checked across ranks, and a rank that calls
-    something else or never arrives (within that many seconds if a number is
-    given, else 60) is named on every rank.
-
-    ``strategy="pipeline"`` with ``stages``, ``microbatches``, ``schedule``
-    (``"gpipe"``, ``"1f1b"``, ``"interleaved"``) and ``split_at`` (module names)
-    splits an ``nn.Sequential`` across processes (torch.distributed.pipelining);
-    with more processes than stages the replicas are data-parallel. Train with
-    ``loss = ring.pipeline_step(x, y, loss_fn)``.
-
-    ``strategy="hvd"`` averages gradients with Horovod's DistributedOptimizer
-    (``ringtrain.horovod``'s machinery: hooks, fusion buckets) instead of DDP.
-    ``compression="fp16"`` sends gradients as float16 (ddp: DDP's fp16 comm hook;
-    hvd: Horovod's ``Compression.fp16``).
+    ``strategy``: ``"auto"`` (DDP when launched with several processes, else one device), a
+    name (``"single"``, ``"dp"``, ``"ddp"``, ``"hvd"``), or an object with its own options:
+    ``rt.strategies.DDP(find_unused_parameters=True)``, ``rt.strategies.Horovod(compression="fp16")``,
+    ``rt.strategies.Pipeline(stages=2, microbatches=8)``, ``rt.strategies.DataParallel()``.
+    Where: ``device``, ``backend``, ``init_method`` (+ ``world_size``, ``rank``: no launcher
+    needed), ``timeout`` (seconds, forming the group and every collective). How: ``accumulate``,
+    ``precision`` (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``), ``sync_batchnorm``, ``seed``,
+    ``deterministic``, ``cudnn_benchmark``. Safety: ``checkpoint_dir`` + ``save_every`` +
+    ``keep_last`` (periodic saves; a restarted job resumes in ``setup``), ``nonfinite``
+    (``"raise"``, ``"skip"``, ``"ignore"``), ``debug_collectives`` (every collective checked
+    across ranks first). A rank that fails, or finishes while others wait for it, ends the
+    job in seconds, named on every rank (liveness.py). The README's user guide has the details.
     """
 
     def __init__(
         self,
-        strategy: str = "auto",
+        strategy: str | Strategy = "auto",
         *,
         seed: int | None = None,
         backend: str | None = None,
@@ -104,124 +67,58 @@ class Ring(SaveAndResume):
         keep_last: int = 3,
         nonfinite: str = "raise",
         debug_collectives: bool | float = False,
-        stages: int | None = None,
-        microbatches: int | None = None,
-        schedule: str | None = None,
-        split_at: list[str] | None = None,
-        compression: str = "none",
+        **deprecated: Any,  # stages=, microbatches=, schedule=, split_at=, compression= (see strategies.resolve)
     ):
-        self.strategy = choose_strategy(
-            strategy,
-            environments.detect(),
-            world_size=world_size,
-            rank=rank,
-            device=device,
-            backend=backend,
-            init_method=init_method,
-            timeout=timeout,
-            pipeline={
-                k: v
-                for k, v in dict(stages=stages, microbatches=microbatches, schedule=schedule, split_at=split_at).items()
-                if v is not None
-            },
-            accumulate=accumulate,
-            compression=compression,
-        )
-        self.env = self.strategy.env
+        env = environments.with_explicit(environments.detect(), world_size, rank)
+        self.strategy = strategies.resolve(strategy, env, init_method=init_method, **deprecated)
+        self.strategy.attach(env, device=device, backend=backend, init_method=init_method, timeout=as_timeout(timeout))
+        self.env = env
         # Everything the arguments can get wrong is checked before joining the group.
         self.accumulator = Accumulator(accumulate)
-        self.precision = Precision(precision, self.device)
+        precisions.canonical(precision)
         self.nonfinite = NonFiniteGuard(nonfinite, self.strategy)
-        if nonfinite == "skip" and self.strategy.name == "hvd":
-            raise RingtrainError(
-                "nonfinite='skip' with strategy='hvd': a dropped window would leave gradients in flight",
-                "use nonfinite='raise' (the default) or 'ignore' with hvd, or strategy='ddp'.",
-            )
-        if save_every is not None and (not isinstance(save_every, int) or save_every < 1 or checkpoint_dir is None):
-            raise RingtrainError(
-                f"Ring got save_every={save_every!r} with checkpoint_dir={checkpoint_dir!r}",
-                "save_every is a positive number of optimizer steps and needs checkpoint_dir=... to save into.",
-            )
-        self.checkpoints = checkpoint.CheckpointDir(checkpoint_dir, keep_last) if checkpoint_dir else None
-        if sync_batchnorm and isinstance(self.strategy, PipelineSchedule):
-            raise RingtrainError(
-                "sync_batchnorm=True with strategy='pipeline': each stage holds different BatchNorm layers",
-                "drop sync_batchnorm (each stage's BatchNorm sees the whole micro-batch), or use ddp.",
-            )
+        self.strategy.configure(accumulate=accumulate, nonfinite=nonfinite, sync_batchnorm=sync_batchnorm)
+        checkpoints = Resumer.checkpoint_dir(checkpoint_dir, save_every, keep_last)
         if debug_collectives is False and os.environ.get("RINGTRAIN_DEBUG_COLLECTIVES", "0") not in ("", "0"):
             debug_collectives = True  # the user's switch, read here and passed on explicitly
 
         self.strategy.setup_environment()
-        # Leave the group at exit, without atexit keeping this ring (and its models) alive.
-        atexit.register(_close_if_alive, weakref.ref(self))
+        self.precision = precisions.Precision(precision, self.device)  # the device is claimed now
         if debug_collectives is not False:
             self.strategy.enable_collective_checks(60.0 if debug_collectives is True else float(debug_collectives))
         self.seed = seed
         if seed is not None:
             seed_everything(seed)
         self.sync_batchnorm = sync_batchnorm
-        if deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=False)
-        if torch.backends.cudnn.is_available():
-            torch.backends.cudnn.benchmark = (not deterministic) if cudnn_benchmark is None else cudnn_benchmark
-            torch.backends.cudnn.deterministic = deterministic
-        self.save_every = save_every
-        self._save_due = False
-        self._autosave_targets: dict[str, Any] = {}
-        if self.checkpoints is not None and self.is_main:
-            self.checkpoints.prepare()
+        configure_kernels(deterministic, cudnn_benchmark)
+        if checkpoints is not None and self.is_main:
+            checkpoints.prepare()
         self._models: list[nn.Module] = []
         self._optimizers: list[torch.optim.Optimizer] = []
-        self._remaining_batches: int | None = None
-        self._sync_off: dict[int, Any] = {}  # open no_sync regions, by id of the wrapped model
         self._loaders: list[RingLoader] = []
-        self._loader_resume: list[dict[str, Any]] = []
-        self._resume_epoch: int | None = None
+        self._remaining_batches: int | None = None
+        self._window = NoSyncWindow(self.accumulator, getattr(self.strategy, "no_sync", None),
+                                    lambda: self._remaining_batches)
         self._epoch: int | None = None
         self._last_loss: torch.Tensor | None = None
+        self.resumer = Resumer(self.strategy, self.accumulator, self.precision.scaler, self._loaders,
+                               epoch=lambda: self._epoch, say=self.print, checkpoints=checkpoints,
+                               save_every=save_every)
 
-    # --- who and where ---------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return self.strategy.rank
-
-    @property
-    def local_rank(self) -> int:
-        return self.strategy.local_rank
-
-    @property
-    def world_size(self) -> int:
-        return self.strategy.world_size
-
-    @property
-    def node_rank(self) -> int:
-        return self.strategy.node_rank
-
-    @property
-    def device(self) -> torch.device:
-        return self.strategy.device
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def is_local_main(self) -> bool:
-        return self.local_rank == 0
-
-    @property
-    def accumulate(self) -> int:
-        return self.accumulator.k
-
-    @property
-    def sync_now(self) -> bool:
-        """Did the last ``ring.backward`` end an accumulation window (so the optimizer steps now)?"""
-        return self.accumulator.sync_now
-
-    @property
-    def optimizer_steps(self) -> int:
-        """Optimizer steps taken (accumulation boundaries), counting steps the fp16 scaler skipped."""
-        return self.accumulator.optimizer_steps
+    # --- who and where ---------------------------------------------------------
+    rank = property(lambda self: self.strategy.rank)
+    local_rank = property(lambda self: self.strategy.local_rank)
+    world_size = property(lambda self: self.strategy.world_size)
+    node_rank = property(lambda self: self.strategy.node_rank)
+    device = property(lambda self: self.strategy.device)
+    is_main = property(lambda self: self.rank == 0)
+    is_local_main = property(lambda self: self.local_rank == 0)
+    accumulate = property(lambda self: self.accumulator.k)
+    optimizer_steps = property(lambda self: self.accumulator.optimizer_steps,
+                               doc="Optimizer steps taken (accumulation boundaries), counting steps the scaler skipped.")
+    sync_now = property(lambda self: self.accumulator.sync_now,
+                        doc="Did the last ``ring.backward`` end an accumulation window (so the optimizer steps now)?")
+    epoch = property(lambda self: self._epoch, doc="The epoch ``ring.epochs`` is in, or None outside it.")
 
     @property
     def global_batch_size(self) -> int | None:
@@ -232,41 +129,24 @@ class Ring(SaveAndResume):
         devices = self.strategy.data_parallel_size * self.strategy.devices_per_process
         return training[0].per_device_batch * devices * self.accumulate
 
-    @property
-    def epoch(self) -> int | None:
-        """The epoch ``ring.epochs`` is in, or None outside it."""
-        return self._epoch
-
     def __repr__(self) -> str:
-        return f"Ring(strategy={self.strategy.name!r}, rank={self.rank}/{self.world_size}, device={self.device})"
+        return f"Ring(strategy={self.strategy!r}, rank={self.rank}/{self.world_size}, device={self.device})"
 
-    # --- model, optimizer, data ------------------------------------------
-    def setup(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
-        scheduler: Any = None,
-        **wrap_kwargs: Any,
-    ):
-        """Prepare ``model`` (and ``optimizer``, ``scheduler``) for this ring.
+    # --- model, optimizer, data ------------------------------------------------
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
+              **options: Any):
+        """Prepare ``model`` (and ``optimizer``, ``scheduler``); returns them in that order.
 
-        The model gets SyncBatchNorm if asked, moves to the device, runs its
-        forward under the precision's autocast, and is wrapped for the strategy;
-        every rank starts from rank 0's weights. The optimizer (same object) then
-        steps and zeroes gradients only on accumulation boundaries, through the
-        fp16 scaler when there is one; the scheduler steps only after a real step.
-        ``wrap_kwargs`` go to DistributedDataParallel (find_unused_parameters,
-        gradient_as_bucket_view, static_graph, bucket_cap_mb, broadcast_buffers)
-        or, as ``split_at``, to the pipeline; each is accepted, unused, by the
-        other strategies, so the script stays the same.
-        Returns ``model``, ``(model, optimizer)`` or ``(model, optimizer, scheduler)``.
+        The model gets SyncBatchNorm if asked, moves to the device, runs its forward under the
+        precision's autocast and is wrapped for the strategy, from rank 0's weights. The optimizer
+        (same object) steps and zeroes gradients only on accumulation boundaries, through the fp16
+        scaler; the scheduler steps only after a real step. ``options`` go to the strategy that
+        understands them (DDP's ``find_unused_parameters``...); the others ignore them.
         """
-        unknown = set(wrap_kwargs) - DDP_OPTIONS - {"split_at"}
+        unknown = set(options) - strategies.module_options()
         if unknown:
-            raise RingtrainError(
-                f"ring.setup got unknown option(s) {sorted(unknown)}",
-                f"the options passed to DDP are {sorted(DDP_OPTIONS)}.",
-            )
+            raise RingtrainError(f"ring.setup got unknown option(s) {sorted(unknown)}",
+                                 f"the options strategies take are {sorted(strategies.module_options())}.")
         if not isinstance(model, nn.Module):
             raise RingtrainError(f"ring.setup got a {type(model).__name__}, not an nn.Module", "pass your model.")
         if self.strategy.unwrap(model) is not model or isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
@@ -280,106 +160,60 @@ class Ring(SaveAndResume):
             from .syncbn import convert_sync_batchnorm
 
             model = convert_sync_batchnorm(model)
-        self._check_same_model(model)
-        if not isinstance(self.strategy, PipelineSchedule):
-            wrap_kwargs.pop("split_at", None)
-        wrapped = self.strategy.setup_module(model, self.precision, **wrap_kwargs)
+        self.strategy.check_same_model(model)
+        mine = {k: v for k, v in options.items() if k in self.strategy.MODULE_OPTIONS}
+        wrapped = self.strategy.setup_module(model, self.precision, **mine)
         self._models.append(wrapped)
         if self.accumulate > 1 and isinstance(self.strategy, BackwardSyncControl):
-            wrapped.register_forward_pre_hook(self._before_forward)
+            self._window.attach(wrapped)
         if self.seed is not None:
-            # Same weights everywhere came from the shared seed (and DDP's broadcast);
+            # Same weights everywhere came from the shared seed (and the strategy's broadcast);
             # from here on each rank draws its own random stream (dropout, augmentation).
             seed_everything(self.seed + self.rank)
         suffix = str(len(self._models) - 1) if len(self._models) > 1 else ""
         targets: dict[str, Any] = {f"model{suffix}": wrapped}
         if optimizer is not None:
             optimizer = self.strategy.setup_optimizer(optimizer, wrapped)
-            self._move_optimizer_state(optimizer)
-            optimizer = wrap_optimizer(
-                optimizer, self.accumulator, self.precision.scaler, self._after_step, self.strategy.step_context
-            )
+            move_optimizer_state(optimizer, self.device)
+            optimizer = wrap_optimizer(optimizer, self.accumulator, self.precision.scaler, self.resumer.after_step,
+                                       self.strategy.step_context)
             self._optimizers.append(optimizer)
             targets[f"optimizer{suffix}"] = optimizer
         if scheduler is not None:
             scheduler = RingScheduler(scheduler, self.accumulator)
             targets[f"scheduler{suffix}"] = scheduler
-        if self.checkpoints is not None:
-            self._autosave_targets.update(targets)
-            self._resume_from_checkpoint_dir(targets)
+        self.resumer.track(targets)
         return (wrapped,) + tuple(t for t in (optimizer, scheduler) if t is not None) if optimizer is not None else wrapped
 
-    def _check_same_model(self, model: nn.Module) -> None:
-        """Every rank must hold the same architecture before DDP compares (or hangs on) it."""
-        if self.world_size == 1:
-            return
-        mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
-        everyone = self.strategy.gather_object(mine)
-        for rank, theirs in enumerate(everyone):
-            if theirs == everyone[0]:
-                continue
-            first = next(
-                (f"{a} on rank 0 vs {b} on rank {rank}" for a, b in zip(everyone[0], theirs) if a != b),
-                f"rank 0 has {len(everyone[0])} parameters, rank {rank} has {len(theirs)}",
-            )
-            raise RingtrainError(
-                f"rank {rank} set up a different model than rank 0: first difference: {first}",
-                "build the same model (same code and constructor arguments) on every rank before ring.setup.",
-            )
-
-    def _move_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
-        for state in optimizer.state.values():
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and key != "step":
-                    state[key] = value.to(self.device)
-
-    def loader(
-        self,
-        dataset,
-        batch_size: int,
-        shuffle: bool = False,
-        drop_last: bool = False,
-        exact: bool = False,
-        **dataloader_kwargs: Any,
-    ) -> RingLoader:
+    def loader(self, dataset, batch_size: int, shuffle: bool = False, drop_last: bool = False, exact: bool = False,
+               **dataloader_kwargs: Any) -> RingLoader:
         """A DataLoader for this rank: ``batch_size`` samples per device per step.
 
-        Training loaders shard with DistributedSampler (seeded, reshuffled every
-        epoch); ``exact=True`` loaders give each sample to exactly one rank, in
-        contiguous blocks, so ``ring.all_gather`` of their outputs is in dataset order.
+        Training loaders shard with DistributedSampler (seeded, reshuffled every epoch);
+        ``exact=True`` loaders give each sample to exactly one rank, in contiguous blocks, so
+        ``ring.all_gather`` of their outputs is in dataset order.
         """
         made = make_loader(
-            dataset,
-            batch_size=batch_size * self.strategy.devices_per_process,
-            shuffle=shuffle,
-            drop_last=drop_last,
-            exact=exact,
-            rank=self.strategy.data_parallel_rank,
-            world_size=self.strategy.data_parallel_size,
-            seed=self.seed or 0,
-            device=self.device,
-            **dataloader_kwargs,
+            dataset, batch_size=batch_size * self.strategy.devices_per_process, shuffle=shuffle, drop_last=drop_last,
+            exact=exact, rank=self.strategy.data_parallel_rank, world_size=self.strategy.data_parallel_size,
+            seed=self.seed or 0, device=self.device, **dataloader_kwargs,
         )
         made.per_device_batch = batch_size
         if not exact:
             made.listener = self._note_loader
         first_training = not exact and self.global_batch_size is None
-        index = len(self._loaders)
         self._loaders.append(made)
-        if first_training and self.global_batch_size != batch_size:
+        if first_training:
             devices = self.strategy.data_parallel_size * self.strategy.devices_per_process
-            self.print(
-                f"ringtrain: global batch {self.global_batch_size} = {batch_size} per device x {devices} "
-                f"device(s) x {self.accumulate} accumulation step(s)"
-            )
-        if index < len(self._loader_resume):
-            self._resume_loader(made, self._loader_resume[index])
+            self.print(f"ringtrain: global batch {self.global_batch_size} = {batch_size} per device x {devices} "
+                       f"device(s) x {self.accumulate} accumulation step(s)")
+        self.resumer.add_loader(made)
         return made
 
     def epochs(self, n: int, start: int = 0) -> Iterator[int]:
         """``range(start, n)``, setting the epoch on every loader of this ring; resumes after ``ring.load``."""
-        first = start if self._resume_epoch is None else max(start, self._resume_epoch)
-        self._resume_epoch = None
+        resumed = self.resumer.take_resume_epoch()
+        first = start if resumed is None else max(start, resumed)
         try:
             for epoch in range(first, n):
                 self._epoch = epoch
@@ -387,39 +221,26 @@ class Ring(SaveAndResume):
                     made.set_epoch(epoch)
                 yield epoch
                 self.nonfinite.check(force=True)
-            if self._save_due:
-                self._autosave()
+            self._autosave_if_due()
         finally:
             self._epoch = None
 
     def _note_loader(self, made: RingLoader) -> None:
         """A ring loader is about to hand out a batch; the previous step is complete."""
         self._remaining_batches = made.remaining()
-        if self._save_due:
-            self._autosave()
+        self._autosave_if_due()
 
-    def _remaining(self) -> int | None:
-        """Batches left in the loader's pass, counting the one being trained on."""
-        return self._remaining_batches
-
-    def _before_forward(self, module: nn.Module, args: Any) -> None:
-        """Inside a window, run forward and backward under the strategy's ``no_sync``."""
-        if not torch.is_grad_enabled():
-            return
-        open_region = self._sync_off.pop(id(module), None)
-        if open_region is not None:  # a forward whose backward never came (e.g. a skipped batch)
-            open_region.__exit__(None, None, None)
-        if not self.accumulator.boundary_ahead(self._remaining()):
-            region = self.strategy.no_sync(module)  # type: ignore[attr-defined]
-            region.__enter__()
-            self._sync_off[id(module)] = region
+    def _autosave_if_due(self) -> None:
+        if self.resumer.save_due:
+            self.nonfinite.check(force=True)  # never save the state a NaN step produced
+            self.resumer.autosave()
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` done right for accumulation and precision.
 
-        Divides the loss by the accumulation window, scales it for fp16, and
-        skips DDP's gradient all-reduce (``no_sync``) on all but the window's
-        last micro-batch: one all-reduce per optimizer step, not per micro-batch.
+        Divides the loss by the accumulation window, scales it for fp16, and skips DDP's
+        gradient all-reduce (``no_sync``) on all but the window's last micro-batch: one
+        all-reduce per optimizer step, not per micro-batch.
         """
         if isinstance(self.strategy, PipelineSchedule):
             raise RingtrainError(
@@ -428,14 +249,12 @@ class Ring(SaveAndResume):
             )
         self.accumulator.check_lr(self._optimizers)
         skip = self.nonfinite.skip(loss, self.optimizer_steps, self._epoch)
-        divisor, _ = self.accumulator.next_backward(self._remaining())
+        divisor, _ = self.accumulator.next_backward(self._remaining_batches)
         scaled = self.precision.scaler.scale(loss / divisor if divisor > 1 else loss)
         try:
             scaled.backward()
         finally:
-            for region in self._sync_off.values():
-                region.__exit__(None, None, None)
-            self._sync_off.clear()
+            self._window.close()
         if skip:
             self._drop_window()
         self._last_loss = loss.detach()
@@ -449,19 +268,14 @@ class Ring(SaveAndResume):
         self.accumulator.drop_window = True
 
     def pipeline_step(self, x: torch.Tensor, y: torch.Tensor, loss_fn: Any) -> torch.Tensor:
-        """Forward and backward of one batch; its mean loss, on every rank.
-
-        With strategy='pipeline' the batch is cut into micro-batches that the
-        schedule runs through the stages; elsewhere it is
-        ``ring.backward(loss_fn(model(x), y))`` on the model given to ``setup``,
-        so the same script runs unsplit.
-        """
+        """Forward and backward of one batch; its mean loss, on every rank. A pipeline cuts the batch
+        into micro-batches through its stages; elsewhere it is ``ring.backward(loss_fn(model(x), y))``."""
         if not isinstance(self.strategy, PipelineSchedule):
             loss = loss_fn(self._models[-1](x), y)
             self.backward(loss)
             return loss.detach()
         self.accumulator.check_lr(self._optimizers)
-        divisor, boundary = self.accumulator.next_backward(self._remaining())
+        divisor, boundary = self.accumulator.next_backward(self._remaining_batches)
         loss = self.strategy.pipeline_step(x, y, loss_fn, divisor=divisor, sync=boundary, scaler=self.precision.scaler)
         if self.nonfinite.skip(loss, self.optimizer_steps, self._epoch):
             self._drop_window()
@@ -469,22 +283,29 @@ class Ring(SaveAndResume):
         return loss
 
     def clip_grad_norm_(self, model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
-        """Clip gradients to ``max_norm`` on accumulation boundaries (unscaling fp16 gradients first).
-
-        Returns the total norm before clipping; between boundaries the gradients
-        are still partial sums, nothing is clipped and None is returned.
-        """
+        """Clip gradients to ``max_norm`` on accumulation boundaries (unscaling fp16 gradients first); the
+        total norm before clipping, or None between boundaries (partial sums: nothing is clipped)."""
         if not self.accumulator.sync_now:
             return None
         for optimizer in self._optimizers:
             self.strategy.sync_gradients(optimizer)  # hvd: averaged gradients, before their norm
-        scaler = self.precision.scaler
-        if scaler.is_enabled():
+        if self.precision.scaler.is_enabled():
             for optimizer in self._optimizers:
-                scaler.unscale_(optimizer)
+                self.precision.scaler.unscale_(optimizer)
         return self.strategy.clip_grad_norm_(model, max_norm, norm_type)
 
-    # --- collectives (identity on one process) ----------------------------
+    # --- checkpoints (resume.py) ------------------------------------------------
+    def save(self, path: str, **state: Any) -> None:
+        """Write ``state`` (modules unwrapped, no ``module.`` prefix) to ``path`` from the main process,
+        atomically, with every rank's RNG state and the loaders' positions; see ``Resumer.save``."""
+        self.resumer.save(path, **state)
+
+    def load(self, path: str, **targets: Any) -> dict[str, Any]:
+        """Load ``path`` into ``targets`` on every rank and continue where it was saved (mid-epoch
+        included); ring and plain PyTorch checkpoints alike; returns the other entries. See ``Resumer.load``."""
+        return self.resumer.load(path, **targets)
+
+    # --- collectives (identity on one process) ------------------------------------
     def all_reduce(self, x: Any, op: str = "mean") -> torch.Tensor:
         return self.strategy.all_reduce(x, op)
 
@@ -503,7 +324,7 @@ class Ring(SaveAndResume):
     def barrier(self) -> None:
         self.strategy.barrier()
 
-    # --- output --------------------------------------------------------------
+    # --- output and lifetime -----------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the main process only."""
         if self.is_main:
@@ -512,22 +333,15 @@ class Ring(SaveAndResume):
 
     def progress(self, iterable: Iterable[Any], desc: str | None = None, total: int | None = None) -> Progress:
         """A progress bar (loss, samples/s) on the main process; a pass-through elsewhere."""
-        return Progress(
-            iterable,
-            enabled=self.is_main,
-            world_size=self.strategy.data_parallel_size,
-            last_loss=lambda: self._last_loss,
-            desc=desc,
-            total=total,
-        )
+        return Progress(iterable, enabled=self.is_main, world_size=self.strategy.data_parallel_size,
+                        last_loss=lambda: self._last_loss, desc=desc, total=total)
 
-    # --- lifetime -------------------------------------------------------------
     def close(self) -> None:
-        """Leave the process group (also done at exit)."""
+        """Leave the process group now (at exit this happens by itself). Never waits on other ranks."""
         self.strategy.teardown()
 
     def __enter__(self) -> "Ring":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
+        self.strategy.teardown(error if isinstance(error, Exception) else None)

@@ -187,7 +187,9 @@ def meta_shapes(stages: Sequence[nn.Module], micro: torch.Tensor) -> list[tuple[
     left to infer them (dynamic mode) it runs one real forward per stage, on uninitialised tensors
     in all but the first stage — which corrupts BatchNorm running statistics there (inf/NaN) and
     counts the first micro-batch twice in the first. Data-dependent shapes (boolean masks,
-    ``nonzero``) cannot be worked out on meta tensors: None then.
+    ``nonzero``, ``.item()``) cannot be worked out on meta tensors: None then — and only then (a
+    NotImplementedError or RuntimeError from the meta kernels); any other error is the model's own
+    and is raised. The caller decides whether the dynamic mode is safe (``dynamic_mode_problem``).
     """
     shapes = []
     args: tuple = (micro.detach().to("meta"),)
@@ -198,9 +200,24 @@ def meta_shapes(stages: Sequence[nn.Module], micro: torch.Tensor) -> list[tuple[
                 outs = as_args(torch.func.functional_call(stage, state, args))
                 shapes.append((args, outs))
                 args = tuple(o.detach().requires_grad_(o.requires_grad) for o in outs)
-    except Exception:  # noqa: BLE001 - any failure only means "cannot know the shapes in advance"
+    except (NotImplementedError, RuntimeError):  # the meta kernels cannot know these shapes in advance
         return None
     return shapes
+
+
+def dynamic_mode_problem(stages: Sequence[nn.Module]) -> RingtrainError | None:
+    """Why torch's shape-inferring mode must not run these stages (BatchNorm after the first stage), if it must not."""
+    late = [f"stage {i}: {type(m).__name__}" for i, stage in enumerate(stages) if i > 0
+            for m in stage.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not late:
+        return None
+    return RingtrainError(
+        f"the pipeline cannot work out its stages' shapes in advance (a data-dependent shape, e.g. a boolean "
+        f"mask or nonzero()), and letting torch infer them would run BatchNorm on uninitialised tensors "
+        f"({', '.join(late[:3])}): its running statistics would turn to inf/NaN",
+        "make shapes at stage boundaries independent of the data (pad to a fixed length), or place the "
+        "split points so that BatchNorm layers sit in the first stage.",
+    )
 
 
 def _to(value: Any, device: torch.device) -> Any:

@@ -344,10 +344,10 @@ def _elastic():
 def _strategy():
     """strategy="hvd": module unwrapped, rank 0's weights, the optimizer reduces with accumulation."""
     from ringtrain import environments
-    from ringtrain.strategies.hvd import HvdStrategy
+    from ringtrain.strategies import Horovod
 
     r, n = hvd.rank(), hvd.size()
-    strategy = HvdStrategy(environments.detect())
+    strategy = Horovod().attach(environments.detect())
     strategy.setup_environment()
     model = make_model(100 + r)
     assert strategy.wrap_module(model) is model and strategy.unwrap(model) is model

@@ -13,7 +13,7 @@ from torch import nn
 
 import ringtrain as rt
 from ringtrain.environments import Environment
-from ringtrain.strategies.pipeline import PipelineStrategy
+from ringtrain.strategies import Pipeline
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -165,41 +165,46 @@ def env(world_size: int, rank: int = 0) -> Environment:
     return Environment(name="test", rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size)
 
 
+def pipeline(world_size: int, **options) -> Pipeline:
+    """A Pipeline strategy attached to rank 0 of a job of ``world_size`` (no process group formed)."""
+    return Pipeline(**options).attach(env(world_size), device="cpu")
+
+
 def test_stages_must_divide_world_size():
     with pytest.raises(rt.RingtrainError, match="do not divide the 3 processes") as info:
-        PipelineStrategy(env(3), stages=2, microbatches=4)
+        pipeline(3, stages=2, microbatches=4)
     assert "multiple of 2" in info.value.hint
 
 
 def test_1f1b_needs_as_many_microbatches_as_stages():
     with pytest.raises(rt.RingtrainError, match="at least as many micro-batches as stages") as info:
-        PipelineStrategy(env(4), stages=4, microbatches=2, schedule="1f1b")
+        pipeline(4, stages=4, microbatches=2, schedule="1f1b")
     assert "microbatches >= 4" in info.value.hint
-    PipelineStrategy(env(4), stages=4, microbatches=2, schedule="gpipe")  # GPipe has no such limit
+    pipeline(4, stages=4, microbatches=2, schedule="gpipe")  # GPipe has no such limit
     with pytest.raises(rt.RingtrainError, match="whole number of rounds"):
-        PipelineStrategy(env(4), stages=4, microbatches=9, schedule="interleaved")
+        pipeline(4, stages=4, microbatches=9, schedule="interleaved")
 
 
 def test_unknown_schedule_and_bad_counts():
     with pytest.raises(rt.RingtrainError, match="unknown pipeline schedule"):
-        PipelineStrategy(env(2), stages=2, microbatches=4, schedule="zb")
+        pipeline(2, stages=2, microbatches=4, schedule="zb")
     with pytest.raises(rt.RingtrainError, match="microbatches=0"):
-        PipelineStrategy(env(2), stages=2, microbatches=0)
+        pipeline(2, stages=2, microbatches=0)
 
 
 def test_split_names_that_do_not_exist():
-    strategy = PipelineStrategy(env(2), stages=2, microbatches=4, split_at=["encoder.9"])
+    strategy = pipeline(2, stages=2, microbatches=4, split_at=["encoder.9"])
     with pytest.raises(rt.RingtrainError, match="encoder.9") as info:
         strategy.wrap_module(jobs.make_model())
     assert "available: 0, 1, 2" in info.value.hint
 
 
 def test_split_point_count_must_match_stages():
-    strategy = PipelineStrategy(env(2), stages=2, microbatches=4)
+    strategy = pipeline(2, stages=2, microbatches=4)
     with pytest.raises(rt.RingtrainError, match="make 3 stage") as info:
         strategy.wrap_module(jobs.make_model(), split_at=["2", "4"])
     assert "give 1 split point" in info.value.hint
-    interleaved = PipelineStrategy(env(2), stages=2, microbatches=4, schedule="interleaved")
+    interleaved = pipeline(2, stages=2, microbatches=4, schedule="interleaved")
     with pytest.raises(rt.RingtrainError, match="2 or more model chunks per rank"):
         interleaved.wrap_module(jobs.make_model(), split_at=["2"])
 

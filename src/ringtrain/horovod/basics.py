@@ -3,9 +3,11 @@
 ``init()`` joins the job the same way ``ringtrain.Ring`` does: the environment is
 detected by ``ringtrain.environments`` (torchrun / ``ringtrain run``, Slurm, MPI,
 ``horovodrun``'s HOROVOD_* variables ...) and the process group is formed by the
-DDP strategy's code (``DDPStrategy.setup_environment``): NCCL when each process has
-a GPU, Gloo otherwise. With no launcher it is a job of one process and no group is
-needed. Under NCCL a Gloo twin of every process set carries CPU tensors.
+process-group service every strategy uses (``strategies/_group.py``): NCCL beside Gloo
+when each process has a GPU, Gloo otherwise, and the liveness watchdog that stops this
+rank within seconds when a peer fails or finishes while this rank still waits for it
+(Horovod: "Horovod has been shut down ... after one of the ranks finished execution").
+With no launcher it is a job of one process and no group is needed.
 
 Read at ``init()``, as Horovod reads them: ``HOROVOD_FUSION_THRESHOLD`` (bytes per
 gradient bucket, default 64 MiB) and ``RINGTRAIN_HVD_CHECKS=0`` (turn the
@@ -14,7 +16,6 @@ cross-rank metadata check off; ``init(checks=False)`` does the same).
 
 from __future__ import annotations
 
-import atexit
 import os
 import warnings
 
@@ -24,7 +25,7 @@ import torch.distributed as dist
 from .. import environments
 from ..comm import DEFAULT_FUSION_THRESHOLD, GLOBAL, ProcessSet, ProcessSetTable, ReduceOp
 from ..errors import RingtrainError
-from ..strategies.ddp import DDPStrategy
+from ..strategies._group import ProcessGroup
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM
@@ -43,7 +44,7 @@ class NotInitializedError(RingtrainError, ValueError):
 class _Runtime:
     def __init__(self) -> None:
         self.initialized = False
-        self.strategy: DDPStrategy | None = None
+        self.group: ProcessGroup | None = None
         self.env = None
         self.checks = True
         self.fusion_threshold = DEFAULT_FUSION_THRESHOLD
@@ -82,10 +83,9 @@ def init(comm=None, process_sets=None, *, checks: bool | None = None) -> None:
             # Horovod never picks devices; NCCL (through DDP's choice) only when every local
             # rank has its own GPU, Gloo otherwise (Gloo also moves CUDA tensors for most ops).
             enough_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= env.local_world_size
-            strategy = DDPStrategy(env, device="auto" if enough_gpus else "cpu")
-            strategy.setup_environment()
-            rt.strategy = strategy
-            atexit.register(strategy.teardown)
+            group = ProcessGroup(env, device="auto" if enough_gpus else "cpu")
+            group.form()  # leaving is the group's own business: at exit, nothing waits on peers
+            rt.group = group
         rt.env = env
         rt.checks = os.environ.get("RINGTRAIN_HVD_CHECKS", "1") not in ("0", "false", "False") if checks is None else checks
         rt.fusion_threshold = _env_int("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD)

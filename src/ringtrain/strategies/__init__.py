@@ -1,124 +1,100 @@
-"""The ways of running, and how one is chosen for a process.
+"""The ways of running: one class per file, each built by the user with its own options.
 
-One file per strategy behind the small contract in base.py. ``choose_strategy``
-is the one place that maps a name and an environment to a strategy object.
+    rt.Ring(strategy=rt.strategies.DDP(find_unused_parameters=True))
+    rt.Ring(strategy=rt.strategies.Pipeline(stages=2, microbatches=8, schedule="1f1b"))
+    rt.Ring(strategy="ddp")        # a name is the class with its default options
+
+``resolve`` is the one place that maps a name (or ``"auto"``) to a strategy object.
+A new strategy is one new file here plus one line in ``REGISTRY`` (docs/architecture.md).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
-
-import torch
+import warnings
+from typing import Any
 
 from ..environments import Environment
 from ..errors import RingtrainError
-from .base import Strategy
-from .ddp import DDPStrategy
-from .dp import DataParallelStrategy
-from .hvd import HvdStrategy
-from .pipeline import PipelineStrategy
-from .single import SingleDevice
+from .base import BackwardSyncControl, Distributed, PipelineSchedule, Strategy
+from .ddp import DDP
+from .dp import DataParallel
+from .hvd import Horovod
+from .pipeline import Pipeline
+from .single import Single
 
-STRATEGIES = ("auto", "single", "dp", "ddp", "hvd", "pipeline")
-DEFAULT_TIMEOUT_S = 1800.0
+REGISTRY: dict[str, type[Strategy]] = {
+    "single": Single,
+    "dp": DataParallel,
+    "ddp": DDP,
+    "hvd": Horovod,
+    "pipeline": Pipeline,
+}
+NAMES = ("auto", *REGISTRY)
 
-
-def _timeout(value: float | datetime.timedelta) -> datetime.timedelta:
-    if isinstance(value, datetime.timedelta):
-        return value
-    if not isinstance(value, (int, float)) or value <= 0:
-        raise RingtrainError(f"Ring got timeout={value!r}", "pass a positive number of seconds or a datetime.timedelta.")
-    return datetime.timedelta(seconds=float(value))
-
-
-def _explicit(env: Environment, world_size: int | None, rank: int | None) -> Environment:
-    """Apply ``Ring(world_size=..., rank=...)``; a launcher that says otherwise is an error."""
-    if world_size is None and rank is None:
-        return env
-    if env.is_distributed:
-        if world_size is not None and world_size != env.world_size:
-            raise RingtrainError(
-                f"Ring(world_size={world_size}) was asked for, but the launcher ({env.name}) started "
-                f"{env.world_size} processes",
-                "drop world_size= and let the launcher decide, or launch with a matching process count.",
-            )
-        if rank is not None and rank != env.rank:
-            raise RingtrainError(
-                f"Ring(rank={rank}) was asked for, but the launcher ({env.name}) says this is rank {env.rank}",
-                "drop rank= when a launcher starts the processes.",
-            )
-        return env
-    if world_size is None or rank is None:
-        raise RingtrainError(
-            "Ring got only one of world_size= and rank=",
-            "give both (with init_method='tcp://host:port' or 'file:///path'), or start with `ringtrain run`.",
-        )
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise RingtrainError(
-            f"Ring got rank={rank} for world_size={world_size}",
-            "rank must be in [0, world_size).",
-        )
-    # Processes started by hand are taken to share one node, local rank = rank.
-    return dataclasses.replace(
-        env, name="explicit", rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size
-    )
+__all__ = [
+    "BackwardSyncControl", "DDP", "DataParallel", "Distributed", "Horovod", "Pipeline", "PipelineSchedule",
+    "REGISTRY", "Single", "Strategy", "module_options", "resolve",
+]
 
 
-def choose_strategy(
-    name: str,
-    env: Environment,
-    *,
-    world_size: int | None = None,
-    rank: int | None = None,
-    device: str = "auto",
-    backend: str | None = None,
-    init_method: str | None = None,
-    timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S,
-    pipeline: dict | None = None,
-    accumulate: int = 1,
-    compression: str = "none",
-) -> Strategy:
-    """The strategy for ``name`` (``"auto"`` decides from the environment), not yet set up.
+LEGACY_OPTIONS = ("stages", "microbatches", "schedule", "split_at", "compression")
 
-    ``pipeline``: stages, microbatches, schedule, split_at — only with ``name="pipeline"``.
+
+def resolve(strategy: str | Strategy, env: Environment, *, init_method: str | None = None, **legacy: Any) -> Strategy:
+    """The strategy object for ``strategy``: an object as given, a name with its class's defaults.
+
+    ``"auto"``: DDP when launched with more than one process (or given an init_method), else Single.
+    ``legacy``: Ring's keyword arguments from before strategies were objects (deprecated).
     """
-    env = _explicit(env, world_size, rank)
-    timeout = _timeout(timeout)
-    if name not in STRATEGIES:
-        raise RingtrainError(f"unknown strategy {name!r}", f"use one of {', '.join(STRATEGIES)}.")
-    if device not in ("auto", "cpu", "cuda"):
-        raise RingtrainError(f"Ring got device={device!r}", "use 'auto', 'cpu' or 'cuda'.")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RingtrainError("Ring(device='cuda') was asked for, but torch sees no CUDA device", "use device='auto'.")
+    unknown = sorted(set(legacy) - set(LEGACY_OPTIONS))
+    if unknown:
+        raise TypeError(f"Ring() got an unexpected keyword argument {unknown[0]!r}")
+    legacy = {k: v for k, v in legacy.items() if v is not None and not (k == "compression" and v == "none")}
+    if isinstance(strategy, Strategy):
+        if legacy:
+            raise RingtrainError(f"Ring got {sorted(legacy)} beside a strategy object {strategy!r}",
+                                 f"give those options to the strategy object itself, e.g. {type(strategy).__name__}(...).")
+        return strategy
+    if isinstance(strategy, type) and issubclass(strategy, Strategy):
+        raise RingtrainError(f"Ring got the class {strategy.__name__}, not a strategy object",
+                             f"call it: Ring(strategy=rt.strategies.{strategy.__name__}(...)).")
+    if strategy not in NAMES:
+        raise RingtrainError(f"unknown strategy {strategy!r}",
+                             f"use one of {', '.join(NAMES)}, or an object such as rt.strategies.DDP(...).")
+    if strategy == "auto":
+        strategy = "ddp" if env.is_distributed or init_method is not None else "single"
+    if legacy:
+        return _from_legacy(strategy, legacy)
+    if strategy == "pipeline":
+        raise RingtrainError("strategy='pipeline' needs stages= and microbatches=",
+                             "e.g. Ring(strategy=rt.strategies.Pipeline(stages=2, microbatches=8, schedule='1f1b')).")
+    return REGISTRY[strategy]()
+
+
+def _from_legacy(name: str, options: dict[str, Any]) -> Strategy:
+    """``Ring(strategy="pipeline", stages=2, ...)`` / ``Ring(compression="fp16")``: still run, with a warning."""
+    pipeline = {k: v for k, v in options.items() if k != "compression"}
     if pipeline and name != "pipeline":
-        raise RingtrainError(
-            f"Ring got pipeline options {sorted(pipeline)} with strategy={name!r}",
-            "use strategy='pipeline' with stages=, microbatches=, schedule=, split_at=.",
-        )
-    if name == "pipeline":
-        options = dict(pipeline or {})
-        if options.get("stages") is None or options.get("microbatches") is None:
-            raise RingtrainError(
-                "strategy='pipeline' needs stages= and microbatches=",
-                "e.g. Ring(strategy='pipeline', stages=2, microbatches=8, schedule='1f1b').",
-            )
-        return PipelineStrategy(env, device=device, backend=backend, init_method=init_method, timeout=timeout, **options)
-    if name == "auto":
-        name = "ddp" if env.is_distributed or init_method is not None else "single"
-    if name == "dp":
-        return DataParallelStrategy(env, device=device)
-    if name == "single":
-        if env.is_distributed:
-            raise RingtrainError(
-                f"strategy='single' was asked for, but the launcher ({env.name}) started {env.world_size} "
-                "processes: each would train its own copy on all the data",
-                "use strategy='auto' or 'ddp', or launch one process (python train.py).",
-            )
-        return SingleDevice(env, device=device)
-    if name == "hvd":
-        # Horovod's DistributedOptimizer in place of DDP: accumulation is its backward_passes_per_step.
-        return HvdStrategy(env, device=device, backend=backend, init_method=init_method, timeout=timeout,
-                           backward_passes_per_step=accumulate, compression=compression)
-    return DDPStrategy(env, device=device, backend=backend, init_method=init_method, timeout=timeout,
-                       compression=compression)
+        raise RingtrainError(f"Ring got pipeline options {sorted(pipeline)} with strategy={name!r}",
+                             "use strategy=rt.strategies.Pipeline(stages=..., microbatches=..., schedule=..., split_at=...).")
+    if name == "pipeline" and "compression" in options:
+        raise RingtrainError("Ring got compression= with strategy='pipeline'",
+                             "compression applies to strategy='ddp' or 'hvd' only.")
+    if name == "pipeline" and not {"stages", "microbatches"} <= set(options):
+        raise RingtrainError("strategy='pipeline' needs stages= and microbatches=",
+                             "e.g. Ring(strategy=rt.strategies.Pipeline(stages=2, microbatches=8, schedule='1f1b')).")
+    cls = {"pipeline": Pipeline, "ddp": DDP, "hvd": Horovod}.get(name)
+    spelled = ", ".join(f"{k}={v!r}" for k, v in options.items())
+    if cls is None:  # compression on one process: nothing travels, nothing to compress
+        made: Strategy = REGISTRY[name]()
+        advice = f"drop compression= (strategy {name!r} sends no gradients)"
+    else:
+        made = cls(**options)
+        advice = f"write Ring(strategy=rt.strategies.{cls.__name__}({spelled}))"
+    warnings.warn(f"Ring({spelled}) is deprecated: {advice}.", DeprecationWarning, stacklevel=4)
+    return made
+
+
+def module_options() -> frozenset[str]:
+    """Every keyword some strategy takes in ``ring.setup``: one script runs under any of them."""
+    return frozenset().union(*(cls.MODULE_OPTIONS for cls in REGISTRY.values()))

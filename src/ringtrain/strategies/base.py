@@ -1,14 +1,27 @@
 """The small contract every way of running implements.
 
-Only what differs between strategies is abstract: which device, how the module
-is wrapped, and whether collectives talk to other processes. Everything else has
-a working default here. Optional abilities are mixins that code asks for with
-``isinstance`` (DESIGN.md, principle 2) — never ``strategy.name == "ddp"``.
+A strategy is an object the user may build with its own options
+(``rt.strategies.DDP(find_unused_parameters=True)``) and hand to ``Ring``. Its life:
+
+1. ``__init__(**options)`` — validates its own options (nothing about the job yet);
+2. ``attach(env, device=, backend=, init_method=, timeout=)`` — the Ring tells it which
+   process of which job it is; a strategy refuses a job it cannot run here;
+3. ``configure(accumulate=, nonfinite=, sync_batchnorm=)`` — the Ring tells it how it will
+   be driven; a strategy refuses what it cannot do (or adapts: Horovod's
+   ``backward_passes_per_step``);
+4. ``setup_environment()`` — claims the device, joins the process group;
+5. ``setup_module`` / ``setup_optimizer`` / collectives / checkpoint hooks, while training;
+6. ``teardown()`` — leaves the group, never waiting on peers.
+
+Only what differs is abstract: the device and how the module is wrapped. Everything else
+has a working default here, correct on one process. Optional abilities are mixins that
+code asks for with ``isinstance`` (DESIGN.md, principle 2) — never ``strategy.name == ...``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 from abc import ABC, abstractmethod
 from typing import Any, ContextManager
 
@@ -17,19 +30,62 @@ from torch import nn
 
 from .. import collectives
 from ..environments import Environment
+from ..errors import RingtrainError
+from ._group import DEFAULT_TIMEOUT
 
 
 class Strategy(ABC):
     """How one process of the job runs: device, wrapping, communication."""
 
     name: str = "base"
+    # ring.setup(model, optimizer, **options): the keyword options this strategy understands.
+    MODULE_OPTIONS: frozenset[str] = frozenset()
     # Set by enable_collective_checks: every collective is first checked across ranks.
     checker: collectives.Checker | None = None
 
-    def __init__(self, env: Environment):
-        self.env = env
+    def __init__(self) -> None:
+        self._env: Environment | None = None
+        self.device_request = "auto"
+        self.backend_request: str | None = None
+        self.init_method: str | None = None
+        self.timeout: datetime.timedelta = DEFAULT_TIMEOUT
 
-    # --- who and where -------------------------------------------------
+    # --- joining a job ---------------------------------------------------------------
+    def attach(
+        self,
+        env: Environment,
+        *,
+        device: str = "auto",
+        backend: str | None = None,
+        init_method: str | None = None,
+        timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+    ) -> "Strategy":
+        """Make this strategy the one of process ``env`` (once); returns it."""
+        if self._env is not None:
+            raise RingtrainError(
+                f"this {type(self).__name__} strategy object already serves a Ring",
+                "build a new strategy object for each Ring (rt.strategies.DDP(...) inside the function that makes it).",
+            )
+        self._env = env
+        self.device_request, self.backend_request = device, backend
+        self.init_method, self.timeout = init_method, timeout
+        self.check_job()
+        return self
+
+    def check_job(self) -> None:
+        """Refuse a job this strategy cannot run (called by ``attach``)."""
+
+    def configure(self, *, accumulate: int = 1, nonfinite: str = "raise", sync_batchnorm: bool = False) -> None:
+        """How the Ring will drive this strategy; refuse (RingtrainError) what it cannot do."""
+
+    @property
+    def env(self) -> Environment:
+        if self._env is None:
+            raise RingtrainError(f"the {type(self).__name__} strategy is not attached to a job yet",
+                                 "pass it to rt.Ring(strategy=...), which attaches it.")
+        return self._env
+
+    # --- who and where ---------------------------------------------------------------
     @property
     def rank(self) -> int:
         return self.env.rank
@@ -58,8 +114,10 @@ class Strategy(ABC):
     def setup_environment(self) -> None:
         """Claim the device and join the process group (nothing to do on one process)."""
 
-    def teardown(self) -> None:
-        """Leave the process group; safe to call twice."""
+    def teardown(self, failure: BaseException | None = None) -> None:
+        """Leave the process group; safe to call twice; never waits on peers.
+
+        ``failure``: the exception on its way out, if any (the peers are told this rank failed)."""
 
     def enable_collective_checks(self, timeout: float) -> None:
         """Check every collective across ranks first (nothing to check on one process)."""
@@ -74,18 +132,19 @@ class Strategy(ABC):
         """How many different shards the data is cut into."""
         return self.world_size
 
-    # --- model and optimizer --------------------------------------------
-    def setup_module(self, module: nn.Module, precision: Any, **wrap_kwargs: Any) -> nn.Module:
+    # --- model and optimizer --------------------------------------------------------
+    def setup_module(self, module: nn.Module, precision: Any, **options: Any) -> nn.Module:
         """Place ``module`` on the device, run its forward under ``precision``, wrap it.
 
         Moved before wrapping: DDP and DataParallel need the module on its device first.
+        ``options`` are ring.setup's keywords that this strategy understands (MODULE_OPTIONS).
         """
         module = module.to(self.device)
         precision.wrap_forward(module)
-        return self.wrap_module(module, **wrap_kwargs)
+        return self.wrap_module(module, **options)
 
     @abstractmethod
-    def wrap_module(self, module: nn.Module, **wrap_kwargs: Any) -> nn.Module:
+    def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
         """Return ``module`` (already on ``self.device``) ready for training."""
 
     def unwrap(self, module: nn.Module) -> nn.Module:
@@ -107,7 +166,25 @@ class Strategy(ABC):
         """Clip ``module``'s gradients by their total norm; return that norm."""
         return torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm, norm_type=norm_type)
 
-    # --- checkpoints: the user's unsplit, unwrapped state --------------------
+    def check_same_model(self, model: nn.Module) -> None:
+        """Every rank must hold the same architecture before DDP compares (or hangs on) it."""
+        if self.world_size == 1:
+            return
+        mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
+        everyone = self.gather_object(mine)
+        for rank, theirs in enumerate(everyone):
+            if theirs == everyone[0]:
+                continue
+            first = next(
+                (f"{a} on rank 0 vs {b} on rank {rank}" for a, b in zip(everyone[0], theirs) if a != b),
+                f"rank 0 has {len(everyone[0])} parameters, rank {rank} has {len(theirs)}",
+            )
+            raise RingtrainError(
+                f"rank {rank} set up a different model than rank 0: first difference: {first}",
+                "build the same model (same code and constructor arguments) on every rank before ring.setup.",
+            )
+
+    # --- checkpoints: the user's unsplit, unwrapped state -----------------------------
     def module_state(self, module: nn.Module) -> Any:
         """``module``'s state dict as one process would hold it (collective for split models)."""
         return self.unwrap(module).state_dict()
@@ -123,7 +200,7 @@ class Strategy(ABC):
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state_dict: Any) -> None:
         optimizer.load_state_dict(state_dict)
 
-    # --- communication: identity on one process (collectives.py) ----------
+    # --- communication: identity on one process (collectives.py) --------------------
     def all_reduce(self, x: Any, op: str = "mean") -> torch.Tensor:
         return collectives.all_reduce(x, op, self.checker)
 
@@ -141,6 +218,46 @@ class Strategy(ABC):
 
     def barrier(self) -> None:
         collectives.barrier(self.checker)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class Distributed(Strategy):
+    """A strategy that runs on the job's process group (the service in _group.py)."""
+
+    # Does a backward pass wait for the other ranks (DDP's gradient all-reduce)? The watchdog
+    # then counts a backward that does not return as a blocked collective.
+    backward_syncs = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.group = None  # the ProcessGroup, made when the strategy is attached
+
+    def check_job(self) -> None:
+        from ._group import ProcessGroup
+
+        self.group = ProcessGroup(self.env, device=self.device_request, backend=self.backend_request,
+                                  init_method=self.init_method, timeout=self.timeout,
+                                  backward_syncs=self.backward_syncs)
+
+    @property
+    def device(self) -> torch.device:
+        return self.group.device
+
+    @property
+    def backend(self) -> str:
+        return self.group.backend
+
+    def setup_environment(self) -> None:
+        self.group.form()
+
+    def teardown(self, failure: BaseException | None = None) -> None:
+        if self.group is not None:
+            self.group.close(failure)
+
+    def enable_collective_checks(self, timeout: float) -> None:
+        self.checker = self.group.enable_checks(timeout)
 
 
 class PipelineSchedule(ABC):

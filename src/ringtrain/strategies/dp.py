@@ -11,35 +11,61 @@ device there is and says so once.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
-from ..environments import Environment
+from .. import devices
 from ..errors import RingtrainError
 from .base import Strategy
 
 
-class DataParallelStrategy(Strategy):
+class DataParallel(Strategy):
+    """``rt.strategies.DataParallel(device_ids=None)``: every visible GPU (or those listed) from one process."""
+
     name = "dp"
 
-    def __init__(self, env: Environment, device: str = "auto"):
-        super().__init__(env)
-        if env.is_distributed:
+    def __init__(self, device_ids: Sequence[int] | None = None):
+        super().__init__()
+        if device_ids is not None and (not device_ids or not all(isinstance(i, int) and i >= 0 for i in device_ids)):
+            raise RingtrainError(f"DataParallel got device_ids={device_ids!r}",
+                                 "list GPU indices as torch sees them, e.g. device_ids=[0, 1], or leave it out.")
+        self._requested_ids = list(device_ids) if device_ids is not None else None
+
+    def check_job(self) -> None:
+        if self.env.is_distributed:
             raise RingtrainError(
-                f"strategy='dp' drives all GPUs from one process, but the launcher ({env.name}) started "
-                f"{env.world_size} processes",
+                f"strategy='dp' drives all GPUs from one process, but the launcher ({self.env.name}) started "
+                f"{self.env.world_size} processes",
                 "launch one process (python train.py) for dp, or use strategy='ddp' with several processes.",
             )
-        use_cuda = device != "cpu" and torch.cuda.is_available()
-        self.device_ids = list(range(torch.cuda.device_count())) if use_cuda else []
-        self._device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+        gpus = devices.visible_gpus()
+        devices.check_requested(self.device_request, gpus)
+        use_cuda = self.device_request != "cpu" and gpus.count > 0
+        ids = (self._requested_ids or list(range(gpus.count))) if use_cuda else []
+        missing = [i for i in ids if i >= gpus.count]
+        if missing:
+            raise RingtrainError(f"DataParallel(device_ids={ids}) but torch sees {gpus.count} GPU(s)",
+                                 "list only visible GPUs (CUDA_VISIBLE_DEVICES renumbers them from 0).")
+        self.device_ids = ids
+        self._device = torch.device("cuda", ids[0]) if ids else torch.device("cpu")
         if len(self.device_ids) < 2:
             warnings.warn(
                 f"strategy='dp' found {len(self.device_ids) or 'no'} GPU(s): running on {self._device} "
                 "without DataParallel (nothing to split across).",
-                stacklevel=4,
+                stacklevel=5,
+            )
+
+    def configure(self, *, accumulate: int = 1, nonfinite: str = "raise", sync_batchnorm: bool = False) -> None:
+        if sync_batchnorm and len(self.device_ids) > 1:
+            # nn.DataParallel replicates the module every step; SyncBatchNorm needs a process group
+            # (one process per device), so under DP its statistics would silently stay per GPU.
+            raise RingtrainError(
+                "sync_batchnorm=True with strategy='dp': DataParallel's replicas cannot synchronise BatchNorm "
+                "statistics (SyncBatchNorm works across processes, DP runs one)",
+                "use strategy='ddp' (ringtrain run --nproc-per-node gpu) for synchronised BatchNorm, or drop "
+                "sync_batchnorm.",
             )
 
     @property
@@ -54,7 +80,7 @@ class DataParallelStrategy(Strategy):
         if self._device.type == "cuda":
             torch.cuda.set_device(self._device)
 
-    def wrap_module(self, module: nn.Module, **wrap_kwargs: Any) -> nn.Module:
+    def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
         if len(self.device_ids) < 2:
             return module
         return nn.DataParallel(module, device_ids=self.device_ids)

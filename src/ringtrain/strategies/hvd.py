@@ -5,7 +5,7 @@ optimizer in ringtrain's DistributedOptimizer (``ringtrain.comm``, the machinery
 behind ``ringtrain.horovod``): hooks reduce gradient buckets while backward runs,
 ``optimizer.step()`` waits for them. Gradient accumulation maps to
 ``backward_passes_per_step``; fp16 compression halves the bytes on the wire.
-The process group is formed exactly as for DDP (``DDPStrategy`` does it).
+The process group is the service every distributed strategy uses (_group.py).
 Cross-rank checks of the gradient path are off unless ``enable_collective_checks``
 (``Ring(debug_collectives=...)``) turns them on, as for the ring's other collectives.
 """
@@ -13,7 +13,6 @@ Cross-rank checks of the gradient path are off unless ``enable_collective_checks
 from __future__ import annotations
 
 import contextlib
-import datetime
 from typing import Any
 
 import torch
@@ -21,10 +20,8 @@ from torch import nn
 
 from .. import comm
 from ..comm import GLOBAL, Compression, DEFAULT_FUSION_THRESHOLD
-from ..environments import Environment
 from ..errors import RingtrainError
-from .base import Strategy
-from .ddp import DDPStrategy
+from .base import Distributed
 
 COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16}
 
@@ -41,53 +38,48 @@ def compression_of(value) -> type:
     return value
 
 
-class HvdStrategy(Strategy):
+class Horovod(Distributed):
+    """``rt.strategies.Horovod(compression="none", fusion_threshold=64 MiB)``: Horovod's DistributedOptimizer.
+
+    The model stays unwrapped; the optimizer averages gradients in fused buckets while
+    backward runs. ``compression``: ``"none"``, ``"fp16"`` or a Compressor class.
+    ``check=True`` checks every gradient synchronisation across ranks first (also turned on
+    by ``Ring(debug_collectives=...)``).
+    """
+
     name = "hvd"
 
-    def __init__(
-        self,
-        env: Environment,
-        *,
-        device: str = "auto",
-        backend: str | None = None,
-        init_method: str | None = None,
-        timeout: datetime.timedelta = datetime.timedelta(minutes=30),
-        fusion_threshold: int = DEFAULT_FUSION_THRESHOLD,
-        check: bool = False,
-        backward_passes_per_step: int = 1,
-        compression: Any = "none",
-    ):
-        super().__init__(env)
-        # The process group is DDP's business; reuse it rather than copy it.
-        self._group = DDPStrategy(env, device=device, backend=backend, init_method=init_method, timeout=timeout)
+    def __init__(self, *, compression: Any = "none", fusion_threshold: int = DEFAULT_FUSION_THRESHOLD,
+                 check: bool = False):
+        super().__init__()
+        if isinstance(fusion_threshold, bool) or not isinstance(fusion_threshold, int) or fusion_threshold < 0:
+            raise RingtrainError(f"Horovod got fusion_threshold={fusion_threshold!r}",
+                                 "give a number of bytes per gradient bucket (0: one bucket per tensor).")
+        self.compression = compression_of(compression)
         self.fusion_threshold = fusion_threshold
         self.check = check
-        self.backward_passes_per_step = backward_passes_per_step
-        self.compression = compression_of(compression)
+        self.backward_passes_per_step = 1
 
-    @property
-    def device(self) -> torch.device:
-        return self._group.device
-
-    @property
-    def backend(self) -> str:
-        return self._group.backend
+    def configure(self, *, accumulate: int = 1, nonfinite: str = "raise", sync_batchnorm: bool = False) -> None:
+        if nonfinite == "skip":
+            raise RingtrainError(
+                "nonfinite='skip' with strategy='hvd': a dropped window would leave gradients in flight",
+                "use nonfinite='raise' (the default) or 'ignore' with hvd, or strategy='ddp'.",
+            )
+        # Ring(accumulate=k) -> backward_passes_per_step=k: gradients travel once per window.
+        self.backward_passes_per_step = accumulate
 
     def setup_environment(self) -> None:
-        self._group.setup_environment()
+        super().setup_environment()
         GLOBAL.bind()  # under NCCL, a Gloo twin for CPU tensors
 
-    def teardown(self) -> None:
-        self._group.teardown()
-
     def enable_collective_checks(self, timeout: float) -> None:
-        """Ring(debug_collectives=...): the ring's collectives (DDP's store checker) and every gradient
+        """Ring(debug_collectives=...): the ring's collectives (the store checker) and every gradient
         synchronisation (ringtrain.comm's metadata check) are checked across ranks first."""
-        self._group.enable_collective_checks(timeout)
-        self.checker = self._group.checker
+        super().enable_collective_checks(timeout)
         self.check = True
 
-    def wrap_module(self, module: nn.Module, **wrap_kwargs: Any) -> nn.Module:
+    def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
         """The module itself, with rank 0's parameters and buffers on every rank (DDP's options do not apply)."""
         comm.broadcast_parameters(module.state_dict(), 0, process_set=GLOBAL, check=self.check)
         return module
@@ -105,7 +97,6 @@ class HvdStrategy(Strategy):
 
     # --- the Strategy contract: the Ring's optimizer is a DistributedOptimizer ------------
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> torch.optim.Optimizer:
-        # Ring(accumulate=k) -> backward_passes_per_step=k: gradients travel once per window.
         return self.wrap_optimizer(optimizer, module, backward_passes_per_step=self.backward_passes_per_step,
                                    compression=self.compression)
 

@@ -2,7 +2,7 @@
 
 The schedule is torch's own (``torch.distributed.pipelining``: ``PipelineStage``
 with ``ScheduleGPipe``, ``Schedule1F1B`` or ``ScheduleInterleaved1F1B``); the
-process group is the DDP strategy's. This file adds what a training loop needs
+process group is the service every distributed strategy uses (_group.py). This file adds what a training loop needs
 around them: cutting the model by module name (split.py), keeping only this
 rank's stage in memory, a step that returns the loss on every rank, data
 parallelism over replicas, global-norm clipping, and full (unsplit) checkpoints.
@@ -28,7 +28,6 @@ is the cheaper way to a larger batch, since it also shrinks the bubble.
 
 from __future__ import annotations
 
-import datetime
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -44,11 +43,9 @@ from torch.distributed.pipelining import (
 )
 
 from ..checkpoint import strip_wrapper_prefixes
-from ..environments import Environment
 from ..errors import RingtrainError
-from ..split import Stage, cut, meta_shapes, release
-from .base import PipelineSchedule, Strategy
-from .ddp import DDPStrategy
+from ..split import Stage, cut, dynamic_mode_problem, meta_shapes, release
+from .base import Distributed, PipelineSchedule
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
@@ -59,35 +56,23 @@ def _positive(name: str, value: Any) -> int:
     return value
 
 
-class PipelineStrategy(Strategy, PipelineSchedule):
-    """S pipeline stages per replica, M micro-batches per step, D = W / S replicas."""
+class Pipeline(Distributed, PipelineSchedule):
+    """``rt.strategies.Pipeline(stages, microbatches, schedule="gpipe", split_at=None)``.
+
+    S pipeline stages per replica, M micro-batches per step, D = W / S replicas.
+    ``schedule``: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"``; ``split_at``: the module
+    names the model is cut before (or integer positions of an ``nn.Sequential``).
+    """
 
     name = "pipeline"
+    MODULE_OPTIONS = frozenset({"split_at"})
 
-    def __init__(
-        self,
-        env: Environment,
-        *,
-        stages: int,
-        microbatches: int,
-        schedule: str = "gpipe",
-        split_at: list[str] | None = None,
-        device: str = "auto",
-        backend: str | None = None,
-        init_method: str | None = None,
-        timeout: datetime.timedelta = datetime.timedelta(minutes=30),
-    ):
-        super().__init__(env)
+    def __init__(self, stages: int, microbatches: int, schedule: str = "gpipe", split_at: list[str] | None = None):
+        super().__init__()
         self.num_stages = _positive("stages", stages)
         self.microbatches = _positive("microbatches", microbatches)
         if schedule not in SCHEDULES:
             raise RingtrainError(f"unknown pipeline schedule {schedule!r}", f"use one of {', '.join(SCHEDULES)}.")
-        if env.world_size % stages:
-            raise RingtrainError(
-                f"{stages} pipeline stages do not divide the {env.world_size} processes started",
-                f"start a multiple of {stages} processes (W = stages x replicas), or choose stages among the "
-                f"divisors of {env.world_size}.",
-            )
         if schedule == "1f1b" and microbatches < stages:
             # 1F1B needs every stage busy in the steady state (torch's Schedule1F1B refuses it too).
             raise RingtrainError(
@@ -105,9 +90,6 @@ class PipelineStrategy(Strategy, PipelineSchedule):
                 )
         self.schedule = schedule
         self.split_at = split_at
-        self._dist = DDPStrategy(env, device=device, backend=backend, init_method=init_method, timeout=timeout)
-        self._replicas = env.world_size // stages
-        self.stage_index = env.rank // self._replicas
         self.pp_group: dist.ProcessGroup | None = None
         self.dp_group: dist.ProcessGroup | None = None
         self._local: list[Stage] = []
@@ -125,15 +107,25 @@ class PipelineStrategy(Strategy, PipelineSchedule):
         self._loss_divisor = 1.0
         self._scaler: torch.amp.GradScaler | None = None
 
+    def check_job(self) -> None:
+        if self.env.world_size % self.num_stages:
+            raise RingtrainError(
+                f"{self.num_stages} pipeline stages do not divide the {self.env.world_size} processes started",
+                f"start a multiple of {self.num_stages} processes (W = stages x replicas), or choose stages among the "
+                f"divisors of {self.env.world_size}.",
+            )
+        super().check_job()
+        self._replicas = self.env.world_size // self.num_stages
+        self.stage_index = self.env.rank // self._replicas
+
+    def configure(self, *, accumulate: int = 1, nonfinite: str = "raise", sync_batchnorm: bool = False) -> None:
+        if sync_batchnorm:
+            raise RingtrainError(
+                "sync_batchnorm=True with strategy='pipeline': each stage holds different BatchNorm layers",
+                "drop sync_batchnorm (each stage's BatchNorm sees the whole micro-batch), or use ddp.",
+            )
+
     # --- who and where ------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self._dist.device
-
-    @property
-    def backend(self) -> str:
-        return self._dist.backend
-
     @property
     def data_parallel_size(self) -> int:
         """Pipeline replicas (W / S): what a loader shards the data over."""
@@ -153,7 +145,7 @@ class PipelineStrategy(Strategy, PipelineSchedule):
         return self.stage_index == self.num_stages - 1
 
     def setup_environment(self) -> None:
-        self._dist.setup_environment()
+        super().setup_environment()
         stages, replicas = self.num_stages, self.data_parallel_size
         # new_group is collective: every rank creates every group, in the same order.
         for s in range(stages):
@@ -164,9 +156,6 @@ class PipelineStrategy(Strategy, PipelineSchedule):
             group = dist.new_group([s * replicas + d for s in range(stages)])
             if d == self.data_parallel_rank:
                 self.pp_group = group
-
-    def teardown(self) -> None:
-        self._dist.teardown()  # destroying the default group destroys the subgroups with it
 
     # --- model and optimizer ----------------------------------------------------
     def wrap_module(self, module: nn.Module, split_at: list[str] | None = None, precision: Any = None, **_: Any) -> nn.Module:
@@ -262,6 +251,9 @@ class PipelineStrategy(Strategy, PipelineSchedule):
             # Shapes worked out on the meta device put torch's PipelineStage in its static mode (see
             # split.meta_shapes: its dynamic mode would corrupt BatchNorm statistics); None = let torch infer.
             shapes = meta_shapes(self._all_stages, x[: x.shape[0] // self.microbatches])
+            problem = dynamic_mode_problem(self._all_stages) if shapes is None else None
+            if problem is not None:
+                raise problem
             built = []
             for stage, index in zip(self._local, self._local_indices):
                 ins, outs = shapes[index] if shapes else (None, None)

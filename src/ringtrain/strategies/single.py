@@ -7,23 +7,24 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..environments import Environment
+from .. import devices
+from ..errors import RingtrainError
 from .base import Strategy
 
 
-def default_device(local_rank: int = 0, requested: str = "auto") -> torch.device:
-    """``cuda:local_rank`` when a GPU is there (or asked for), else the CPU."""
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    return torch.device("cuda", local_rank)
+class Single(Strategy):
+    """``rt.strategies.Single()``: this process alone, on ``cuda:0`` when there is a GPU, else the CPU."""
 
-
-class SingleDevice(Strategy):
     name = "single"
 
-    def __init__(self, env: Environment, device: str = "auto"):
-        super().__init__(env)
-        self._device = default_device(0, device)
+    def check_job(self) -> None:
+        if self.env.is_distributed:
+            raise RingtrainError(
+                f"strategy='single' was asked for, but the launcher ({self.env.name}) started {self.env.world_size} "
+                "processes: each would train its own copy on all the data",
+                "use strategy='auto' or 'ddp', or launch one process (python train.py).",
+            )
+        self._device = devices.default_device(self.device_request)
 
     @property
     def device(self) -> torch.device:
@@ -33,5 +34,5 @@ class SingleDevice(Strategy):
         if self._device.type == "cuda":
             torch.cuda.set_device(self._device)
 
-    def wrap_module(self, module: nn.Module, **wrap_kwargs: Any) -> nn.Module:
+    def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
         return module
