@@ -246,21 +246,19 @@ def test_two_nodes_restart_together_with_a_fresh_store(tmp_path):
 
 
 KILLED_WHILE_RECORDING = """
-import importlib.util, json, os, signal, sys
-spec = importlib.util.spec_from_file_location("worker", sys.argv[1])
-worker = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(worker)
+import json, os, signal, sys, traceback
+from ringtrain import failures  # what the worker entry writes the error file with
 
 def dump(data, f):  # the agent's SIGTERM arrives in the middle of the write
     f.write(json.dumps(data)[:10])
     f.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 
-worker.json.dump = dump
+failures.json.dump = dump
 try:
     raise ValueError("boom")
 except ValueError as e:
-    worker.record_exception(e)
+    failures.write_error_file(os.environ["TORCHELASTIC_ERROR_FILE"], "ValueError: boom", traceback.format_exc())
 """
 
 
@@ -269,13 +267,13 @@ def test_error_file_is_whole_or_absent_when_the_worker_is_stopped_while_writing_
     # die with JSONDecodeError instead of reporting (or restarting) the job.
     error_file = tmp_path / "error.json"
     env = dict(os.environ, TORCHELASTIC_ERROR_FILE=str(error_file))
-    proc = subprocess.run([sys.executable, "-c", KILLED_WHILE_RECORDING, run.WORKER], env=env,
+    proc = subprocess.run([sys.executable, "-c", KILLED_WHILE_RECORDING], env=env,
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert not error_file.exists()  # absent: the agent reports "killed by signal", no parse error
     # Uninterrupted, it is the JSON torchelastic's ProcessFailure reads.
-    proc = subprocess.run([sys.executable, "-c", KILLED_WHILE_RECORDING.replace("worker.json.dump = dump", ""),
-                           run.WORKER], env=env, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run([sys.executable, "-c", KILLED_WHILE_RECORDING.replace("failures.json.dump = dump", "")],
+                          env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 

@@ -6,6 +6,6 @@ function, and a subpackage of the same name would be hidden behind it.
 Importing this package stays cheap: torch is imported by the functions that need it.
 """
 
-from .spawn import launch
+from .spawn import launch, spawn
 
-__all__ = ["launch"]
+__all__ = ["launch", "spawn"]

@@ -2,10 +2,12 @@
 
 When a worker dies the agent stops every other worker on the node and raises
 ``ChildFailedError``, whose ``failures`` map global rank -> ``ProcessFailure``
-(local rank, pid, exit code, error file). ``get_first_failure()`` picks the root cause
-by the timestamp in the error file, as torchrun's own summary does. The others mostly
-died *because* of the first (a peer vanished mid-collective), so the report leads with
-the first one and its traceback and only lists the rest.
+(local rank, pid, exit code, error file). torchrun's own summary picks the root cause by
+the error files' timestamps, in whole seconds: a rank that merely timed out waiting for the
+real culprit was often named instead. ringtrain's workers record more (failures.py: the
+sub-second time, and whether they failed by themselves or because of a peer), so
+``first_cause`` names the rank that caused it, and the report leads with that one and its
+traceback and only lists the rest.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import re
 import signal
 import socket
 from typing import Any
+
+from .. import failures as _failures
 
 # Frames of the machinery between the agent and the user's code: ringtrain's worker entry,
 # runpy, and torchelastic's @record wrapper. The report shows the user's frames only.
@@ -30,6 +34,9 @@ HINTS = {
     "exit": "the failing rank's own output above (its stderr) says why it exited; "
     "re-run with --nproc-per-node 1 to debug it as a plain script.",
     "exception": "fix the exception above; every other rank was stopped because of it.",
+    "peer": "every rank must make the same collective calls until the end: a rank that returns, "
+    "breaks out of its loop or calls ring.close() early leaves the others waiting (look for a branch "
+    "on the rank or on per-rank data, e.g. a dataset that is empty on one rank).",
 }
 
 
@@ -65,25 +72,58 @@ def describe_exit(exitcode: int) -> str:
     return f"exit code {exitcode}"
 
 
+def first_cause(failures: dict[int, Any]) -> tuple[int, Any, dict | None]:
+    """The rank whose failure caused the others', its ProcessFailure, and who it blames (if a peer).
+
+    Each worker's error file says when it stopped (to the sub-second) and whether it failed by
+    itself or because of a peer (failures.py): the earliest rank that failed by itself is the
+    cause. A rank that died by a signal left no word: it comes next (the OOM killer, a
+    segfault) — unless the signal was the agent's own SIGTERM, sent to the rest after a
+    failure. Ranks stopped because of a peer come after, and their record names the peer —
+    possibly one that finished early with exit code 0, which the agent does not count as failed.
+    """
+    own, silent, peer, rest = [], [], [], []
+    for rank, failure in failures.items():
+        info = _failures.info_of(failure.message)
+        if info is None:
+            stopped = failure.exitcode in (-signal.SIGTERM, 0) or failure.exitcode > 0
+            (rest if stopped else silent).append((float("inf"), rank, failure, None))
+        elif info.get("cause") == "own":
+            own.append((info.get("time", float("inf")), rank, failure, None))
+        else:
+            peer.append((info.get("time", float("inf")), rank, failure, info))
+    for group in (own, silent, peer, rest):
+        if group:
+            _, rank, failure, info = min(group, key=lambda item: (item[0], item[1]))
+            return rank, failure, (info or {}).get("blame")
+    raise ValueError("no failures to report")
+
+
 def format_child_failure(error: Any, node_rank: int) -> str:
     """The report for a ``ChildFailedError`` raised by this node's agent."""
-    rank, failure = error.get_first_failure()
-    host = socket.gethostname()  # failures are always this node's: one agent per node
-    lines = [
-        f"ringtrain run: worker rank {rank} failed first "
-        f"(local rank {failure.local_rank} on node {node_rank}, host {host}, pid {failure.pid}, "
-        f"{describe_exit(failure.exitcode)}); all workers on this node were stopped.",
-    ]
+    rank, failure, blame = first_cause(error.failures)
+    where = (f"local rank {failure.local_rank} on node {node_rank}, host {socket.gethostname()}, pid {failure.pid}, "
+             f"{describe_exit(failure.exitcode)}")  # failures are always this node's: one agent per node
     traceback = _traceback(failure)
-    if traceback:
-        lines += ["", f"Traceback from rank {rank}:", user_frames(traceback).rstrip()]
-        hint = HINTS["exception"]
-    elif failure.exitcode < 0:
-        hint = HINTS["signal"]
+    if blame is not None:
+        # The cause is a rank that finished early, failed on another node, or was stopped after it.
+        lines = [f"ringtrain run: {_failures.describe_blame(blame)}, and rank {rank} could not go on without it "
+                 f"({where}); all workers on this node were stopped."]
+        message = failure.message.get("message") if isinstance(failure.message, dict) else None
+        if message:
+            lines += ["", f"rank {rank}: {message}"]
+        hint = HINTS["peer"]
     else:
-        lines += ["", f"rank {rank} left no Python traceback (it called sys.exit, or its "
-                  "exception was raised before ringtrain's worker entry point ran)."]
-        hint = HINTS["exit"]
+        lines = [f"ringtrain run: worker rank {rank} failed first ({where}); all workers on this node were stopped."]
+        if traceback:
+            lines += ["", f"Traceback from rank {rank}:", user_frames(traceback).rstrip()]
+            hint = HINTS["exception"]
+        elif failure.exitcode < 0:
+            hint = HINTS["signal"]
+        else:
+            lines += ["", f"rank {rank} left no Python traceback (its exception was raised before ringtrain's "
+                      "worker entry point ran, or it exited from native code)."]
+            hint = HINTS["exit"]
     others = sorted(r for r in error.failures if r != rank)
     if others:
         lines += ["", "Other ranks that ended abnormally (usually stopped by the launcher after the first "

@@ -1,51 +1,58 @@
-"""``launch(fn, nprocs)``: run ``fn`` on N local processes from Python (notebooks, tests).
+"""``launch(fn, nprocs)`` and ``spawn(fn, nprocs, args)``: N local processes from Python.
 
-Like ``torch.multiprocessing.spawn`` (and built on its ``start_processes``), plus what
-that leaves to the caller:
+``spawn`` has ``torch.multiprocessing.spawn``'s contract — ``fn(i, *args)`` in process i —
+for scripts written with ``mp.spawn(main_worker, nprocs=4, args=(4, args))``; ``launch``
+calls ``fn(*args)`` in every process (notebooks, tests). Both are built on torch's
+``start_processes`` and add what it leaves to the caller:
 
 * each child gets torchrun's environment contract (RANK, LOCAL_RANK, WORLD_SIZE,
   LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) before ``fn`` runs, so
-  ``init_process_group("gloo")`` (``env://``) and ``ringtrain.environments.detect()``
-  behave exactly as under ``ringtrain run``;
+  ``ringtrain.Ring()`` needs no arguments and ``init_process_group("gloo")`` (``env://``)
+  works, exactly as under ``ringtrain run``;
 * the parent hosts the job's TCPStore on a free loopback port, as torchrun's agent does
-  (``TORCHELASTIC_USE_AGENT_STORE=True`` tells the children to join it as clients). The
-  store then outlives every rank, so a rank 0 that finishes first cannot pull the store
-  out from under ranks still shutting down (the "Connection reset by peer" on exit seen
-  when rank 0 hosts it);
+  (``TORCHELASTIC_USE_AGENT_STORE=True`` tells the children to join it as clients): the
+  store outlives every rank, so a rank that finishes first cannot pull it out from under
+  the others;
 * the ranks' return values come back, as a list indexed by rank;
-* a failure names the rank and carries its traceback, and ``timeout`` bounds the whole
-  job, so a hang fails instead of blocking a notebook or a CI run forever;
+* a failing rank is reported as soon as it fails, naming the rank that caused it (not one
+  that merely stopped because of it) with its traceback; the others are stopped. A rank
+  that finishes while another still waits for it is named too (liveness.py);
+* each child leaves like a ``ringtrain run`` worker (worker.py): exit handlers run, the
+  process ends with its status, and interpreter finalization is skipped;
 * children die with the parent (Linux, "spawn" and "fork"): a notebook kernel or test
-  runner that is killed takes its ranks along instead of leaving them blocked in a
-  collective (``worker.die_with_parent``: SIGKILL; the SIGINT torch's spawn wrapper asks
-  for is never acted on by a rank waiting inside a collective);
-* Gloo listens on loopback only (``GLOO_SOCKET_IFNAME``, unless set), as under
-  ``ringtrain run`` on one machine.
+  runner that is killed takes its ranks along (``worker.die_with_parent``: SIGKILL);
+* Gloo listens on loopback only (``GLOO_SOCKET_IFNAME``, unless set).
+
+No time limit by default (training runs for hours); ``timeout=`` seconds sets one.
 
 The default start method is "spawn" (safe with CUDA, what ``mp.spawn`` uses), except for
 a function defined in an interactive session (``__main__`` has no file: Jupyter, IPython,
 ``python -c``), which "spawn" cannot re-import; "fork" is used then, as Accelerate's
 ``notebook_launcher`` does. Fork requires that CUDA is not initialized in the parent, and
 a parent that already ran torch CPU kernels may leave OpenMP's thread pool in a state
-forked children hang on (seen here); the timeout turns that into an error. Functions
+forked children hang on (seen here); a ``timeout`` turns that into an error. Functions
 imported from a module always use "spawn".
 """
 
 from __future__ import annotations
 
+import atexit
+import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from ..errors import RingtrainError
 from .ports import LOOPBACK, bind_listener, keep_gloo_on_loopback, serve_store
-from .worker import die_with_parent
+from .worker import die_with_parent, finish, run_to_end
 
 _RESULT = "rank{}.pkl"
+_ERROR = "rank{}.error.json"
 
 
 def _default_start_method(fn: Callable) -> str:
@@ -57,29 +64,31 @@ def _default_start_method(fn: Callable) -> str:
     return "spawn"
 
 
-def _child(
-    local_rank: int, fn: Callable, args: Sequence, nprocs: int, port: int, results: str, parent: int | None
-) -> None:
-    """Runs in each child (called by torch's spawn wrapper, which reports exceptions)."""
+def _child(local_rank: int, fn: Callable, args: Sequence, nprocs: int, port: int, results: str,
+           parent: int | None, pass_index: bool, forked: bool) -> None:
+    """Runs in each child (called by torch's spawn wrapper); never returns: the child ends here."""
+    if forked:
+        # A forked child inherits the parent's atexit handlers (the parent's temporary folder's
+        # cleanup among them: it deleted the other ranks' results). It leaves through finish(),
+        # which runs the exit handlers: only those registered in the child may run.
+        atexit._clear()
     if parent is not None:
         die_with_parent(parent)  # a killed notebook kernel or test runner takes its ranks along
     # One node: global rank == local rank. The same names and values torchrun sets.
     os.environ.update(
-        RANK=str(local_rank),
-        LOCAL_RANK=str(local_rank),
-        WORLD_SIZE=str(nprocs),
-        LOCAL_WORLD_SIZE=str(nprocs),
-        GROUP_RANK="0",
-        MASTER_ADDR=LOOPBACK,
-        MASTER_PORT=str(port),
-        TORCHELASTIC_USE_AGENT_STORE="True",
+        RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs),
+        GROUP_RANK="0", MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
+        TORCHELASTIC_ERROR_FILE=os.path.join(results, _ERROR.format(local_rank)),
     )
     keep_gloo_on_loopback(os.environ)  # one machine: nothing needs to reach the ranks from outside
-    value = fn(*args)
-    path = os.path.join(results, _RESULT.format(local_rank))
-    with open(path + ".tmp", "wb") as f:
-        pickle.dump(value, f)
-    os.replace(path + ".tmp", path)  # a rank killed mid-write leaves no half-written result
+    value: list = []
+    ended = run_to_end(lambda: value.append(fn(local_rank, *args) if pass_index else fn(*args)))
+    if ended[0] == 0:
+        path = os.path.join(results, _RESULT.format(local_rank))
+        with open(path + ".tmp", "wb") as f:
+            pickle.dump(value[0], f)
+        os.replace(path + ".tmp", path)  # a rank killed mid-write leaves no half-written result
+    finish(*ended)
 
 
 def _stop(processes: list) -> list[int]:
@@ -116,16 +125,20 @@ def _check(fn: Callable, nprocs: Any, start_method: str) -> None:
             f"start_method={start_method!r} children start a fresh interpreter that cannot import it",
             "leave start_method unset (fork is used interactively), or move fn into a .py file and import it.",
         )
-    if start_method == "fork":
-        import torch
+    if start_method == "fork" and cuda_initialized():
+        raise RingtrainError(
+            "CUDA is already initialized in this process, and forked children cannot use it",
+            "restart the notebook kernel and call launch() before touching the GPU in the "
+            "parent (no .cuda() / torch.cuda calls at top level), or use start_method='spawn' "
+            "with fn in an importable .py file.",
+        )
 
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            raise RingtrainError(
-                "CUDA is already initialized in this process, and forked children cannot use it",
-                "restart the notebook kernel and call launch() before touching the GPU in the "
-                "parent (no .cuda() / torch.cuda calls at top level), or use start_method='spawn' "
-                "with fn in an importable .py file.",
-            )
+
+def cuda_initialized() -> bool:
+    """Has this process created a CUDA context? Asked without creating one: ``is_available()`` would
+    (it initialises CUDA state, after which forked children fail at ``set_device``)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
 
 
 def launch(
@@ -135,26 +148,49 @@ def launch(
     *,
     start_method: str | None = None,
     master_port: int | None = None,
-    timeout: float = 300,
+    timeout: float | None = None,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``nprocs`` local processes; return the ranks' return values, by rank.
 
     Each process sees RANK/LOCAL_RANK/WORLD_SIZE/... in ``os.environ`` (see the module
-    docstring), so ``fn`` can call ``init_process_group("gloo")`` or build a
-    ``ringtrain.Ring()`` directly. ``fn``, ``args`` and the return values must be
-    picklable; with the "spawn" start method ``fn`` must be importable (defined at the
-    top level of a .py file, not in ``__main__`` of a notebook).
+    docstring), so ``fn`` can build a ``ringtrain.Ring()`` or call ``init_process_group("gloo")``
+    directly. ``fn``, ``args`` and the return values must be picklable; with the "spawn" start
+    method ``fn`` must be importable (defined at the top level of a .py file, not in
+    ``__main__`` of a notebook).
 
-    Raises RingtrainError when a rank raises or dies (naming the rank, with its
-    traceback; the other ranks are stopped), and when the job runs longer than
-    ``timeout`` seconds (every rank is killed).
+    Raises RingtrainError as soon as a rank fails (naming the rank that caused it, with its
+    traceback; the other ranks are stopped), and when the job runs longer than ``timeout``
+    seconds, if one is given (every rank is killed).
     """
+    return _start(fn, nprocs, args, start_method, master_port, timeout, pass_index=False)
+
+
+def spawn(fn: Callable[..., Any], nprocs: int = 1, args: Sequence[Any] = (), join: bool = True,
+          daemon: bool = False, start_method: str = "spawn") -> list[Any]:
+    """``torch.multiprocessing.spawn``'s contract: ``fn(i, *args)`` in process i of ``nprocs``.
+
+    ``rt.spawn(main_worker, nprocs=4, args=(4, args))`` for a script written for ``mp.spawn``:
+    inside, ``ringtrain.Ring()`` needs no arguments (the processes are a job, as under
+    ``ringtrain run``), and a hand-written ``init_process_group(..., init_method=...,
+    world_size=nprocs, rank=i)`` works as before. Returns the return values, by rank (``mp.spawn``
+    returns None). Failures are reported as ``launch`` reports them.
+    """
+    if not join:
+        raise RingtrainError("rt.spawn(..., join=False) was asked for",
+                             "use join=True (the default): rt.spawn waits and returns the ranks' results.")
+    if daemon:
+        raise RingtrainError("rt.spawn(..., daemon=True) was asked for",
+                             "leave daemon=False: ranks that start DataLoader workers must not be daemonic.")
+    return _start(fn, nprocs, args, start_method, None, None, pass_index=True)
+
+
+def _start(fn: Callable, nprocs: int, args: Sequence, start_method: str | None, master_port: int | None,
+           timeout: float | None, *, pass_index: bool) -> list[Any]:
     import torch.multiprocessing as tmp
-    from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
     method = start_method or _default_start_method(fn)
     _check(fn, nprocs, method)
-    name = getattr(fn, "__qualname__", repr(fn))
+    name = f"{'spawn' if pass_index else 'launch'}({getattr(fn, '__qualname__', repr(fn))}, nprocs={nprocs})"
     listener = bind_listener(LOOPBACK, master_port or 0)
     port = listener.getsockname()[1]
     with tempfile.TemporaryDirectory(prefix="ringtrain-launch-") as results:
@@ -163,58 +199,107 @@ def launch(
             # server thread. Early clients wait in the listening socket's backlog.
             context = tmp.start_processes(
                 # With "forkserver" the children's parent is the server, not this process.
-                _child, args=(fn, tuple(args), nprocs, port, results, None if method == "forkserver" else os.getpid()),
-                nprocs=nprocs,
-                join=False, start_method=method,
+                _child, args=(fn, tuple(args), nprocs, port, results,
+                              None if method == "forkserver" else os.getpid(), pass_index, method == "fork"),
+                nprocs=nprocs, join=False, start_method=method,
             )
         except (pickle.PicklingError, AttributeError, TypeError) as e:
             listener.close()
             raise RingtrainError(
-                f"launch could not send {name} to the child processes: {e}",
+                f"{name} could not send fn to the child processes: {e}",
                 "with start_method='spawn', fn and args must be picklable: define fn at the top "
                 "level of an importable .py file (not inside another function or a notebook cell).",
             ) from e
         store = None
         try:
-            store = serve_store(listener, LOOPBACK, timeout)
-            deadline = time.monotonic() + timeout
-            while not context.join(timeout=max(0.0, deadline - time.monotonic())):
-                if time.monotonic() >= deadline:
-                    alive = _stop(context.processes)
-                    raise RingtrainError(
-                        f"launch({name}, nprocs={nprocs}) did not finish within timeout={timeout} s; "
-                        f"killed rank(s) {alive} that were still running",
-                        "a rank is usually blocked in a collective that another rank never calls (or "
-                        "in init_process_group waiting for a rank that exited); if the job is just "
-                        "long, raise timeout=.",
-                    )
-        except ProcessRaisedException as e:
-            # torch's join already stopped the other ranks; e.msg holds the child's traceback.
-            raise RingtrainError(
-                f"rank {e.error_index} (pid {e.error_pid}) of launch({name}, nprocs={nprocs}) "
-                f"raised; the other ranks were stopped.{e.msg.rstrip()}",
-                f"fix the exception in rank {e.error_index}'s traceback above; to debug, run "
-                "the same fn with nprocs=1.",
-            ) from e
-        except ProcessExitedException as e:
-            if e.signal_name:
-                how, hint = f"was killed by {e.signal_name}", (
-                    "a signal is usually the OOM killer (check `dmesg`) or a crash in native code.")
-            else:
-                how, hint = f"exited with code {e.exit_code}", (
-                    "the child's stderr above says why: either fn called sys.exit/os._exit, or the "
-                    "child could not start (it failed to import fn's module or unpickle args).")
-            raise RingtrainError(
-                f"rank {e.error_index} (pid {e.error_pid}) of launch({name}, nprocs={nprocs}) {how} "
-                "without raising from fn; the other ranks were stopped",
-                hint,
-            ) from e
+            store = serve_store(listener, LOOPBACK, 300.0)
+            _wait(context.processes, name, timeout, results)
         except BaseException:
             _stop(context.processes)  # KeyboardInterrupt in a notebook must not leave ranks behind
             raise
         finally:
             del store
         return [_load(results, rank) for rank in range(nprocs)]
+
+
+def _wait(processes: list, name: str, timeout: float | None, results: str) -> None:
+    """Until every rank has exited 0; raise at the first failure (or at the time limit)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    running = dict(enumerate(processes))
+    while running:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        multiprocessing.connection.wait([p.sentinel for p in running.values()], timeout=left)
+        for rank, p in list(running.items()):
+            if p.exitcode is None:
+                continue
+            del running[rank]
+            if p.exitcode != 0:
+                print(f"ringtrain: {name}: rank {rank} {_how(p.exitcode)}; stopping the other ranks.",
+                      file=sys.stderr, flush=True)
+                _stop(processes)
+                raise _failure(processes, name, results)
+        if deadline is not None and running and time.monotonic() >= deadline:
+            alive = _stop(processes)
+            raise RingtrainError(
+                f"{name} did not finish within timeout={timeout} s; killed rank(s) {alive} that were still running",
+                "a rank is usually blocked in a collective that another rank never calls (or in "
+                "init_process_group waiting for a rank that exited); if the job is just long, raise timeout=.",
+            )
+
+
+def _how(exitcode: int) -> str:
+    if exitcode < 0:
+        import signal
+
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+class _Failure(NamedTuple):
+    """What torchelastic's ProcessFailure tells the report, for a child of ``launch``."""
+
+    exitcode: int
+    message: Any  # the error file's "message" dict, or None
+    pid: int
+
+
+def _failure(processes: list, name: str, results: str) -> RingtrainError:
+    """The error naming the rank that caused the failure (report.first_cause decides which)."""
+    from .. import failures
+    from .report import first_cause
+
+    failed = {}
+    for rank, p in enumerate(processes):
+        if p.exitcode in (0, None):
+            continue
+        path = os.path.join(results, _ERROR.format(rank))
+        record = None
+        if os.path.exists(path):
+            with open(path) as f:
+                record = json.load(f)["message"]
+        failed[rank] = _Failure(p.exitcode, record, p.pid)
+    first, failure, blame = first_cause(failed)
+    info = failures.info_of(failure.message) or {}
+    what = f"rank {first} (pid {failure.pid}) {_how(failure.exitcode)}"
+    if blame is not None:
+        what = f"{failures.describe_blame(blame)}, and {what}" + (f" in {info['during']}" if info.get("during") else "")
+    if failure.message is not None:
+        # A rank stopped by a peer: its one-line reason says it all; its own traceback is the engine's.
+        detail = failure.message.get("message", "") if blame is not None else (
+            failure.message["extraInfo"].get("py_callstack") or failure.message.get("message", ""))
+        hint = (f"fix the exception in rank {first}'s traceback above; to debug, run the same fn with nprocs=1."
+                if blame is None else "every rank must make the same collective calls until the end: look for a "
+                "branch on the rank or per-rank data that lets one rank finish or stop early.")
+        return RingtrainError(f"{name}: {what}; the other ranks were stopped.\n{detail.rstrip()}", hint)
+    if failure.exitcode < 0:
+        hint = "a signal is usually the OOM killer (check `dmesg`) or a crash in native code."
+    else:
+        hint = ("the child's stderr above says why: it exited from native code, or could not start (it failed "
+                "to import fn's module or unpickle args).")
+    return RingtrainError(f"{name}: {what} without a Python error; the other ranks were stopped", hint)
 
 
 def _load(results: str, rank: int) -> Any:

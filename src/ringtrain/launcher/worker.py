@@ -11,17 +11,17 @@ typed ``python TARGET ARGS...`` (or ``python -m TARGET ARGS...``) and runs the t
 * ``sys.path[0]`` is the script's directory (``python script.py``) or the current
   directory (``python -m``), never this package's ``launch/`` directory, whose module
   names (run, cli, worker, ...) would shadow the user's.
-* an uncaught exception's traceback is written to the error file the agent reads
-  (``TORCHELASTIC_ERROR_FILE``) and shows in the launcher's failure report: the JSON that
-  torchelastic's ``@record`` writes (``ErrorHandler.record_exception``, see
-  https://pytorch.org/docs/stable/elastic/errors.html), but written atomically (a
-  temporary file, then a rename). torch's handler opens the file, emptying it, before it
-  writes; the agent stops every other worker with SIGTERM as soon as one fails and then
-  parses their error files, so a worker stopped between the two left an empty file and
-  the agent itself died with ``JSONDecodeError`` (seen here when a peer's death made a
-  rank raise). Written out here, without torch: a script that sets
-  ``CUDA_VISIBLE_DEVICES`` or ``OMP_NUM_THREADS`` before its own ``import torch`` must
-  find torch not yet imported, as under ``python script.py``.
+* when the script is over, the peers and the launcher are told how: an uncaught exception
+  (or ``sys.exit(N)``, N > 0) is written to the error file the agent reads
+  (``TORCHELASTIC_ERROR_FILE``, ringtrain/failures.py) and shows in the launcher's report;
+  a script that used torch.distributed posts "failed" or "finished" on the job's liveness
+  board (ringtrain/liveness.py), so a peer still waiting for it stops in seconds and the
+  report names the rank that caused it. Then Python's exit steps run (non-daemon threads,
+  atexit handlers, bounded in time) and the process leaves with the script's exit status,
+  without interpreter finalization (``finish`` says why).
+* nothing of ringtrain that imports torch is loaded before the user's code: a script
+  that sets ``CUDA_VISIBLE_DEVICES`` or ``OMP_NUM_THREADS`` before its own ``import torch``
+  must find torch not yet imported, as under ``python script.py``.
 * with ``--horovod`` (``ringtrain run --horovod``), the script can ``import horovod.torch``
   and read Horovod's variables, as under ``horovodrun``: ringtrain's ``horovod`` alias
   package (``ringtrain/horovod/_alias``, which re-exports ``ringtrain.horovod``) goes first
@@ -36,22 +36,23 @@ typed ``python TARGET ARGS...`` (or ``python -m TARGET ARGS...``) and runs the t
   their next collective. On Linux the kernel is asked to SIGKILL the worker when its
   parent dies (``prctl(PR_SET_PDEATHSIG)``, prctl(2)).
 
-Run as a file, not ``-m ringtrain...``: that would import ringtrain (and whatever its
-``__init__`` imports) into every worker before the user's code, and a script run with
-``python script.py`` never has that.
+Run as a file, not ``-m ringtrain...``: a script run with ``python script.py`` has no
+package of ringtrain's imported before its own code, and neither does a worker.
 """
 
+import atexit
 import faulthandler
-import json
 import os
 import runpy
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 
 MODES = ("path", "module")
+EXIT_BOUND_S = 10.0  # = ringtrain.liveness.EXIT_BOUND_S (this file imports nothing of ringtrain up front)
 HOROVOD_FLAG = "--horovod"
 # ringtrain/horovod/_alias: holds a package named `horovod` that re-exports ringtrain.horovod.
 HOROVOD_ALIAS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "horovod", "_alias")
@@ -126,36 +127,85 @@ def _run(mode: str, target: str, argv: list) -> None:
         runpy.run_path(target, run_name="__main__")
 
 
-def record_exception(e: BaseException) -> None:
-    """Write ``e`` and the traceback being handled where the agent looks, whole or not at all."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
-        return
-    data = {  # the layout torchelastic's ProcessFailure parses
-        "message": {
-            "message": f"{type(e).__name__}: {e}",
-            "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))},
-        }
-    }
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
-    except OSError as error:
-        print(f"ringtrain: could not write the error file {path}: {error}", file=sys.stderr)
+def exit_status(error: SystemExit) -> int:
+    """The status ``sys.exit(code)`` gives, as Python computes it (a message is printed, status 1)."""
+    code = error.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
 
 
-def _recorded(mode: str, target: str, argv: list) -> None:
+def run_to_end(call) -> tuple[int, str, BaseException | None]:
+    """Run ``call()`` (the user's code); return (exit status, how it ended, the exception that ended it)."""
     # = torchelastic's @record: a native crash dumps every thread's stack (what the handler's
-    # initialize() does), an exception is written to TORCHELASTIC_ERROR_FILE, then re-raised
-    # so the process still prints it and exits 1. SystemExit/KeyboardInterrupt pass through.
+    # initialize() does); an exception is printed by sys.excepthook (so a ring's hook sees it).
     faulthandler.enable(all_threads=True)
     try:
-        _run(mode, target, argv)
-    except Exception as e:
-        record_exception(e)
-        raise
+        call()
+    except SystemExit as e:
+        status = exit_status(e)
+        return status, (f"sys.exit({e.code!r})" if status else "process exit"), (e if status else None)
+    except KeyboardInterrupt:
+        raise  # Python's own handling: the exit status says SIGINT
+    except BaseException as e:  # noqa: BLE001 - every failure is reported, then the process ends
+        e.with_traceback(_user_frames(e.__traceback__))  # the printer reads e.__traceback__ too
+        sys.excepthook(type(e), e, e.__traceback__)
+        return 1, traceback.format_exception_only(type(e), e)[-1].strip()[:500], e
+    return 0, "process exit", None
+
+
+def _user_frames(tb):
+    """The traceback from the user's code on: the launcher's frames and runpy's are not theirs."""
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    while tb is not None and (tb.tb_frame.f_code.co_filename.startswith(here) or "runpy" in tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb
+
+
+def _tell_peers(status: int, reason: str, error: BaseException | None) -> dict | None:
+    """Post how this rank left on the job's liveness board (only if the script used torch.distributed)."""
+    if "torch.distributed" not in sys.modules:
+        return None  # a script that never imported it never joined a group: nobody waits for it
+    from ringtrain import environments, liveness
+
+    env = environments.detect()
+    return liveness.leave_process(status, reason, (env.master_addr, env.master_port), env.rank, env.world_size,
+                                  f"{env.restart_count}-0", error)
+
+
+def finish(status: int, reason: str, error: BaseException | None) -> None:
+    """End the worker: tell the peers, record the failure, run the exit handlers, leave.
+
+    The process leaves with ``os._exit`` after Python's own exit steps (waiting for non-daemon
+    threads, then the atexit handlers) and a flush, skipping only interpreter finalization: there,
+    torch's Gloo threads can still hold tensors that need the GIL while the interpreter is torn
+    down, and a finished job died with SIGABRT ("terminate called without an active exception")
+    in 4 of 20 runs under plain torchrun (torch 2.13). The exit status is the script's.
+    """
+    post = _tell_peers(status, reason, error)
+    if error is not None:
+        from ringtrain import failures
+
+        info = {"time": time.time(), "cause": "own", "blame": None, "during": None}
+        if post is not None:
+            info.update(cause=post.get("cause", "own"), blame=post.get("blame"), during=post.get("during"))
+        callstack = "".join(traceback.format_exception(type(error), error, _user_frames(error.__traceback__)))
+        failures.write_error_file(os.environ.get("TORCHELASTIC_ERROR_FILE"), reason, callstack, info)
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    # The exit handlers may not wait on peers forever: past the bound, stacks are dumped and the process ends.
+    faulthandler.dump_traceback_later(EXIT_BOUND_S, exit=True)
+    atexit._run_exitfuncs()  # what interpreter exit would run (the stdlib's own name for it)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os._exit(status)
 
 
 def main(argv: list) -> None:
@@ -172,7 +222,8 @@ def main(argv: list) -> None:
     die_with_parent(int(launcher_pid))  # the agent (`ringtrain run`) started this process
     if horovod:
         become_horovod_worker()
-    _recorded(mode, target, _argv_for(target, local_rank_arg, args))
+    argv = _argv_for(target, local_rank_arg, args)
+    finish(*run_to_end(lambda: _run(mode, target, argv)))
 
 
 if __name__ == "__main__":
