@@ -8,7 +8,7 @@ TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ringtrain-installed
 
-.PHONY: demo test test-gpu bench-overhead install clean
+.PHONY: demo test test-stress test-gpu bench-overhead install clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ demo: $(STAMP)
 # test, and make passes that on as a failure.
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Soak and full-matrix runs (tens of minutes on 2 cores): 200 save/close cycles under CPU load,
+# 200 finished jobs with no abort at exit, every way a rank can leave x every launcher.
+test-stress: $(STAMP)
+	$(PY) -m pytest -q -s -m stress
 
 # GPU-marked tests only (they skip cleanly without CUDA).
 test-gpu: $(STAMP)

@@ -36,6 +36,7 @@ import ringtrain as rt
 KILL_AT_STEP = "RINGTRAIN_TEST_KILL_AT_STEP"
 KILL_RANK = "RINGTRAIN_TEST_KILL_RANK"
 KILL_MARKER = "RINGTRAIN_TEST_KILL_MARKER"
+KILL_HOW = "RINGTRAIN_TEST_KILL_HOW"  # "signal" (SIGKILL, the default) or "raise" (a Python exception)
 
 N_SAMPLES = 40
 BATCH = 4
@@ -98,6 +99,8 @@ def _maybe_die(rank: int, step: int) -> None:
         os.close(os.open(os.environ[KILL_MARKER], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return  # this fault already happened once: the restarted worker goes on
+    if os.environ.get(KILL_HOW) == "raise":
+        raise RuntimeError(f"rank {rank} fails on purpose after step {step}")
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -63,7 +63,8 @@ def _per_epoch(logs) -> dict[int, list[int]]:
 
 
 @pytest.mark.timeout(300)
-def test_rank_killed_at_step_k_restarts_and_ends_as_if_never_killed(tmp_path):
+@pytest.mark.parametrize("how", ["signal", "raise"])
+def test_rank_killed_at_step_k_restarts_and_ends_as_if_never_killed(tmp_path, how):
     # 40 samples, 2 ranks x batch 4: 5 steps per epoch, 3 epochs = 15 steps. Checkpoints
     # every 3 steps; rank 1 SIGKILLs itself after step 8, so the newest complete checkpoint
     # is step 6 (epoch 1 after its first batch): a mid-epoch resume, steps 7-8 done again.
@@ -73,8 +74,12 @@ def test_rank_killed_at_step_k_restarts_and_ends_as_if_never_killed(tmp_path):
     assert [r["attempt"] for r in results(clean.stdout)] == ["0", "0"], outputs(clean)
 
     marker = tmp_path / "killed-once"
-    crashed, paths = _train(tmp_path / "crashed", RINGTRAIN_TEST_KILL_AT_STEP="8",
+    # "raise": a Python exception on rank 1. Rank 0, waiting in its next collective, is stopped
+    # within seconds (not at the 30-minute collective timeout), so the restart comes promptly.
+    started = time.monotonic()
+    crashed, paths = _train(tmp_path / "crashed", RINGTRAIN_TEST_KILL_AT_STEP="8", RINGTRAIN_TEST_KILL_HOW=how,
                             RINGTRAIN_TEST_KILL_RANK="1", RINGTRAIN_TEST_KILL_MARKER=str(marker))
+    assert time.monotonic() - started < 120, outputs(crashed)
     assert crashed.returncode == 0, outputs(crashed)
     assert marker.exists()  # the fault did fire
     # torchrun restarted both workers once, and the ring resumed from step 6, mid-epoch 1.

@@ -102,13 +102,18 @@ class ProcessGroup:
         # context lands on cuda:0 (PyTorch DDP notes, "one GPU per process").
         if self._device.type == "cuda":
             torch.cuda.set_device(self._device)
+        generation = f"{self.env.restart_count}-{_formations}"
         board = None
         if self.world_size > 1:
-            board = liveness.Board(raw, self.rank, self.world_size, f"{self.env.restart_count}-{_formations}")
+            board = liveness.Board(raw, self.rank, self.world_size, generation)
             board.hello()  # before the group forms: every peer's hello is there once it has
         try:
+            # Each formation's keys under a prefix of their own: a group formed again on the same
+            # store (ring.close() then a new Ring, hvd.shutdown() then hvd.init()) would otherwise
+            # read the previous group's addresses and hang.
             dist.init_process_group(
-                backend=self.backend, store=raw, world_size=self.world_size, rank=self.rank, timeout=self.timeout,
+                backend=self.backend, store=dist.PrefixStore(f"ringtrain/pg/{generation}", raw),
+                world_size=self.world_size, rank=self.rank, timeout=self.timeout,
                 **({"device_id": self._device} if self._device.type == "cuda" else {}),
             )
         except (RuntimeError, ValueError, TimeoutError, OSError) as e:
