@@ -14,7 +14,7 @@ from torch import nn
 from ringtrain import environments
 from ringtrain.errors import RingtrainError
 from ringtrain.precision import Precision
-from ringtrain.split import split
+from ringtrain.stages import split
 from ringtrain.strategies import Pipeline
 
 LR, MOMENTUM = 0.1, 0.9
@@ -54,7 +54,7 @@ def reference(steps: int, size: int | list[int], *, accumulate: int = 1, clip: f
               microbatches: int | None = None) -> dict:
     """Single-process training of the unsplit model: optimizer step i sees batches i*k .. i*k+k-1
     (``size``: the batch size, or one per optimizer step). ``microbatches``: run the model through
-    ``ringtrain.split`` with that many micro-batches (what BatchNorm sees in a pipeline)."""
+    ``ringtrain.stages`` with that many micro-batches (what BatchNorm sees in a pipeline)."""
     model = MODELS[model]()
     if microbatches is not None:
         model = split(model, devices=["cpu"], microbatches=microbatches)

@@ -99,6 +99,11 @@ def collectives() -> dict:
         "objects": ring.gather_object({"rank": r, "name": f"r{r}"}),
         "broadcast": ring.broadcast(torch.tensor([float(r) + 5.0]), src=1),
         "broadcast_object": ring.broadcast_object(f"from {r}", src=0),
+        # seed 002's logging helpers: dist.reduce / dist.gather to one rank
+        "reduce_sum_to_1": ring.reduce(torch.tensor([r + 1.0]), dst=1, op="sum"),
+        "reduce_mean_int": ring.reduce(torch.tensor(r + 1)),
+        "product": ring.all_reduce(torch.tensor([r + 2.0, 3.0]), op="product"),
+        "gather_to_0": ring.gather(torch.full((r + 1, 2), float(r)), dst=0),
     }
     ring.barrier()
     ring.close()

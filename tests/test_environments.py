@@ -103,3 +103,25 @@ def test_inconsistent_variables_are_clear_errors(environ, needle):
     with pytest.raises(RingtrainError, match="HINT") as info:
         detect(environ, [])
     assert needle in str(info.value)
+
+
+# --- env:// by hand (seed 000: MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK and nothing else) -----
+
+@pytest.mark.parametrize("addr", ["127.0.0.1", "localhost", "::1"])
+def test_env_by_hand_on_one_machine_infers_the_local_rank(addr):
+    env = detect({"MASTER_ADDR": addr, "MASTER_PORT": "29500", "WORLD_SIZE": "4", "RANK": "3"}, [])
+    assert env.name == "env-by-hand" and env.is_distributed  # never a silent job of one
+    assert (env.rank, env.local_rank, env.world_size, env.local_world_size, env.init_method) == (3, 3, 4, 4, "env://")
+
+
+def test_env_by_hand_across_machines_needs_local_rank():
+    with pytest.raises(RingtrainError, match="LOCAL_RANK is not, and MASTER_ADDR=10.0.0.7 is another host") as info:
+        detect({"MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29500", "WORLD_SIZE": "2", "RANK": "1"}, [])
+    assert "set LOCAL_RANK" in info.value.hint
+    with pytest.raises(RingtrainError, match="MASTER_ADDR and MASTER_PORT are"):
+        detect({"WORLD_SIZE": "2", "RANK": "1"}, [])
+    # with LOCAL_RANK it is torchrun's contract; with --local_rank in argv, the old launcher's
+    assert detect({"MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "1",
+                   "LOCAL_RANK": "0"}, []).name == "env"
+    assert detect({"MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "1"},
+                  ["--local_rank=0"]).name == "legacy-launch"

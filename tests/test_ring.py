@@ -41,12 +41,20 @@ def test_collectives_across_two_ranks(run_ranks):
         assert out["objects"] == [{"rank": 0, "name": "r0"}, {"rank": 1, "name": "r1"}]
         assert out["broadcast"].tolist() == [6.0]
         assert out["broadcast_object"] == "from 0"
+        assert out["product"].tolist() == [6.0, 9.0]
+    assert r0["reduce_sum_to_1"] is None and r1["reduce_sum_to_1"].tolist() == [3.0]
+    assert r0["reduce_mean_int"].item() == pytest.approx(1.5) and r1["reduce_mean_int"] is None
+    assert r0["gather_to_0"].tolist() == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]] and r1["gather_to_0"] is None
 
 
 def test_collectives_are_identity_on_one_process():
     ring = rt.Ring()
     x = torch.tensor([1.0, 2.0])
     assert torch.equal(ring.all_reduce(x, op="sum"), x)
+    assert torch.equal(ring.reduce(x, op="product"), x) and torch.equal(ring.gather(x), x)
+    # the same dtype as on many processes: a mean of integers is float64 everywhere
+    assert ring.all_reduce(torch.tensor(3), op="mean").dtype == torch.float64
+    assert ring.reduce(torch.tensor(3)).dtype == torch.float64
     assert torch.equal(ring.all_gather(x), x)
     assert ring.gather_object("a") == ["a"]
     assert torch.equal(ring.broadcast(x), x)
@@ -99,6 +107,30 @@ def _by_hand(code: str, nprocs: int = 2, timeout: float = 90) -> list[subprocess
         out, err = p.communicate(timeout=timeout)
         done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
     return done
+
+
+ENV_BY_HAND = """
+import sys, torch, ringtrain as rt
+ring = rt.Ring(device="cpu")
+total = ring.all_reduce(torch.tensor([float(ring.rank + 1)]), op="sum").item()
+print(f"RESULT rank={ring.rank} world={ring.world_size} env={ring.env.name} total={total}", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_env_by_hand_with_four_variables_forms_the_group(tmp_path):
+    # Seed 000 starts each process itself with MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK only.
+    script = tmp_path / "by_hand.py"
+    script.write_text(ENV_BY_HAND)
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2",
+                                       RANK=str(rank)))
+             for rank in (0, 1)]
+    outs = [p.communicate(timeout=100) for p in procs]
+    lines = sorted(line for out, _ in outs for line in out.splitlines() if line.startswith("RESULT"))
+    assert lines == ["RESULT rank=0 world=2 env=env-by-hand total=3.0",
+                     "RESULT rank=1 world=2 env=env-by-hand total=3.0"], outs
 
 
 @pytest.mark.parametrize("kind", ["tcp", "file"])

@@ -33,7 +33,7 @@ _EXPORTS = {
     "launch": "ringtrain.launcher.spawn",
     "spawn": "ringtrain.launcher.spawn",
     "scale_lr": "ringtrain.optim",
-    "split": "ringtrain.split",
+    "split": "ringtrain.stages",
     "SyncBatchNorm": "ringtrain.syncbn",
     "convert_sync_batchnorm": "ringtrain.syncbn",
     "revert_sync_batchnorm": "ringtrain.syncbn",

@@ -101,6 +101,7 @@ _OPS = {
     "mean": dist.ReduceOp.SUM,  # divided afterwards: Gloo has no AVG
     "max": dist.ReduceOp.MAX,
     "min": dist.ReduceOp.MIN,
+    "product": dist.ReduceOp.PRODUCT,
 }
 
 
@@ -112,24 +113,50 @@ def _as_tensor(x: Any) -> torch.Tensor:
     return x if isinstance(x, torch.Tensor) else torch.tensor(x)
 
 
-def all_reduce(x: Any, op: str = "mean", check: Checker | None = None) -> torch.Tensor:
-    """Reduce ``x`` over all ranks and return the result (the input is not modified)."""
+def _reduced_copy(x: Any, op: str, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the input as a tensor, the buffer a reduction writes): a mean of integers is float64 at
+    any world size, so a script gets the same dtype on one process as on many."""
     if op not in _OPS:
-        raise RingtrainError(
-            f"all_reduce got op={op!r}",
-            f"use one of {sorted(_OPS)}.",
-        )
+        raise RingtrainError(f"{what} got op={op!r}", f"use one of {sorted(_OPS)}.")
     tensor = _as_tensor(x)
-    if not _active():
-        return tensor
     out = tensor.detach().clone()
     if op == "mean" and not out.is_floating_point():
         out = out.double()
+    return tensor, out
+
+
+def all_reduce(x: Any, op: str = "mean", check: Checker | None = None) -> torch.Tensor:
+    """Reduce ``x`` over all ranks and return the result (the input is not modified)."""
+    tensor, out = _reduced_copy(x, op, "all_reduce")
+    if not _active():
+        return out
     with _named(f"all_reduce(op={op}, {_describe(tensor)})", check):
         dist.all_reduce(out, op=_OPS[op])
     if op == "mean":
         out /= dist.get_world_size()
     return out
+
+
+def reduce(x: Any, dst: int = 0, op: str = "mean", check: Checker | None = None) -> torch.Tensor | None:
+    """Reduce ``x`` over all ranks onto rank ``dst``: the result there, None on the other ranks."""
+    tensor, out = _reduced_copy(x, op, "reduce")
+    if not _active():
+        return out
+    _check_rank(dst, "reduce", "dst")
+    with _named(f"reduce(dst={dst}, op={op}, {_describe(tensor)})", check):
+        dist.reduce(out, dst=dst, op=_OPS[op])
+    if dist.get_rank() != dst:
+        return None
+    if op == "mean":
+        out /= dist.get_world_size()
+    return out
+
+
+def _check_rank(rank: Any, what: str, name: str) -> None:
+    world = dist.get_world_size()
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
+        raise RingtrainError(f"{what} got {name}={rank!r} in a job of {world} ranks",
+                             f"{name} is a rank, 0 to {world - 1}, the same on every rank.")
 
 
 def all_gather(x: Any, check: Checker | None = None) -> torch.Tensor:
@@ -151,15 +178,37 @@ def all_gather(x: Any, check: Checker | None = None) -> torch.Tensor:
     with _named(f"all_gather({_describe(tensor, skip_first=True)})", check):
         dist.all_gather(sizes, local_size)
     sizes_list = [int(s.item()) for s in sizes]
-    largest = max(sizes_list)
-    padded = tensor.contiguous()
-    if tensor.shape[0] < largest:
-        pad = torch.zeros((largest - tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=device)
-        padded = torch.cat([tensor, pad])
+    padded = _padded(tensor, max(sizes_list))
     buffers = [torch.empty_like(padded) for _ in range(world)]
     with _named("all_gather (data)", None):
         dist.all_gather(buffers, padded)
     return torch.cat([buf[:n] for buf, n in zip(buffers, sizes_list)])
+
+
+def gather(x: Any, dst: int = 0, check: Checker | None = None) -> torch.Tensor | None:
+    """Every rank's ``x`` concatenated along dim 0 in rank order on rank ``dst`` (first dimensions may
+    differ, as for ``all_gather``); None on the other ranks."""
+    tensor = _as_tensor(x)
+    if tensor.dim() == 0:
+        tensor = tensor.reshape(1)
+    if not _active():
+        return tensor
+    _check_rank(dst, "gather", "dst")
+    sizes = all_gather(torch.tensor([tensor.shape[0]], dtype=torch.long, device=tensor.device), check).tolist()
+    padded = _padded(tensor, max(sizes))
+    buffers = [torch.empty_like(padded) for _ in sizes] if dist.get_rank() == dst else None
+    with _named(f"gather(dst={dst}, {_describe(tensor, skip_first=True)})", None):
+        dist.gather(padded, buffers, dst=dst)
+    if buffers is None:
+        return None
+    return torch.cat([buf[:n] for buf, n in zip(buffers, sizes)])
+
+
+def _padded(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    if tensor.shape[0] >= rows:
+        return tensor.contiguous()
+    pad = torch.zeros((rows - tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    return torch.cat([tensor, pad])
 
 
 def gather_object(obj: Any, check: Checker | None = None) -> list[Any]:

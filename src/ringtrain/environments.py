@@ -102,6 +102,55 @@ class TorchElastic:
         )
 
 
+def _is_this_host(addr: str) -> bool:
+    """Is ``addr`` (MASTER_ADDR) this machine: a loopback address or this host's name?"""
+    import ipaddress
+    import socket
+
+    if addr in ("localhost", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        return ipaddress.ip_address(addr.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class ByHand:
+    """``env://`` by hand: MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK set without a launcher.
+
+    What the tutorials do when they start each process themselves (seed 000). Without
+    LOCAL_RANK the local rank can be inferred only when every process is on this machine (the
+    master is a loopback address or this host): local rank = rank. Otherwise it is refused,
+    naming what is missing — never a silent job of one.
+    """
+
+    @staticmethod
+    def detect(environ: Mapping[str, str], argv: Sequence[str]) -> Environment | None:
+        if "RANK" not in environ or "WORLD_SIZE" not in environ or "LOCAL_RANK" in environ:
+            return None
+        if any(_LOCAL_RANK_ARG.match(arg) for arg in argv):
+            return None  # torch.distributed.launch's --local_rank argument says it: LegacyLaunch
+        rank, world = _int(environ, "RANK"), _int(environ, "WORLD_SIZE")
+        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not environ.get(k)]
+        if missing:
+            raise RingtrainError(
+                f"RANK={rank} and WORLD_SIZE={world} are set but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                "not: env:// needs to know where rank 0's store listens",
+                "set MASTER_ADDR and MASTER_PORT (the same on every process), or start with `ringtrain run`.",
+            )
+        addr, port = _master(environ)
+        if not _is_this_host(addr):
+            raise RingtrainError(
+                f"RANK={rank} and WORLD_SIZE={world} are set but LOCAL_RANK is not, and MASTER_ADDR={addr} is another "
+                "host: this process's rank on its own machine (its GPU) cannot be worked out",
+                "set LOCAL_RANK (and LOCAL_WORLD_SIZE) for each process, or start with `ringtrain run`, which sets them.",
+            )
+        return Environment(
+            name="env-by-hand", rank=rank, local_rank=rank, world_size=world, local_world_size=world,
+            node_rank=0, master_addr=addr, master_port=port, init_method="env://",
+        )
+
+
 def _first_slurm_host(nodelist: str) -> str:
     """First host of a Slurm node list: 'gpu[003-005,7],cpu1' -> 'gpu003'."""
     first = re.split(r",(?![^\[]*\])", nodelist.strip())[0]
@@ -255,12 +304,13 @@ class Single:
 
 
 # Order matters. torchrun first: it also runs under Slurm allocations and inside
-# mpirun-started agents, and its variables describe the workers it started.
+# mpirun-started agents, and its variables describe the workers it started. RANK and
+# WORLD_SIZE set by hand (without LOCAL_RANK) next: the user said so explicitly.
 # Slurm before MPI: `srun --mpi=pmi2` sets PMI_* as well as SLURM_*. Horovod after
 # MPI because horovodrun over MPI sets both and MPI's are authoritative. The
 # legacy `--local_rank` argument only when no launcher variables say more.
 # Single always matches, so it is last.
-DETECTION_ORDER = (TorchElastic, Slurm, OpenMPI, MPICH, Horovod, LegacyLaunch, Single)
+DETECTION_ORDER = (TorchElastic, ByHand, Slurm, OpenMPI, MPICH, Horovod, LegacyLaunch, Single)
 
 
 def detect(environ: Mapping[str, str] | None = None, argv: Sequence[str] | None = None) -> Environment:

@@ -305,24 +305,15 @@ class Ring:
         included); ring and plain PyTorch checkpoints alike; returns the other entries. See ``Resumer.load``."""
         return self.resumer.load(path, **targets)
 
-    # --- collectives (identity on one process) ------------------------------------
-    def all_reduce(self, x: Any, op: str = "mean") -> torch.Tensor:
-        return self.strategy.all_reduce(x, op)
-
-    def all_gather(self, x: Any) -> torch.Tensor:
-        return self.strategy.all_gather(x)
-
-    def gather_object(self, obj: Any) -> list[Any]:
-        return self.strategy.gather_object(obj)
-
-    def broadcast(self, x: Any, src: int = 0) -> torch.Tensor:
-        return self.strategy.broadcast(x, src)
-
-    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        return self.strategy.broadcast_object(obj, src)
-
-    def barrier(self) -> None:
-        self.strategy.barrier()
+    # --- collectives: the strategy's (the identity on one process; reduce/gather: None off dst) -----
+    def all_reduce(self, x: Any, op: str = "mean") -> torch.Tensor: return self.strategy.all_reduce(x, op)
+    def reduce(self, x: Any, dst: int = 0, op: str = "mean"): return self.strategy.reduce(x, dst, op)
+    def all_gather(self, x: Any) -> torch.Tensor: return self.strategy.all_gather(x)
+    def gather(self, x: Any, dst: int = 0): return self.strategy.gather(x, dst)
+    def gather_object(self, obj: Any) -> list[Any]: return self.strategy.gather_object(obj)
+    def broadcast(self, x: Any, src: int = 0) -> torch.Tensor: return self.strategy.broadcast(x, src)
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any: return self.strategy.broadcast_object(obj, src)
+    def barrier(self) -> None: self.strategy.barrier()
 
     # --- output and lifetime -----------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:

@@ -11,7 +11,7 @@ import ringtrain
 from ringtrain.bench import cli, modes, report, runner, stats, workloads
 from ringtrain.bench.models import UNet3D
 from ringtrain.errors import RingtrainError
-from ringtrain.split import cuttable_names
+from ringtrain.stages import cuttable_names
 
 
 @pytest.mark.parametrize(

@@ -38,3 +38,25 @@ def hang(pid_dir: str) -> None:
     with open(os.path.join(pid_dir, f"{os.environ['RANK']}.pid"), "w") as f:
         f.write(str(os.getpid()))
     time.sleep(600)
+
+
+def main_worker(local_rank: int, nprocs: int, args: dict) -> tuple:
+    """mp.spawn's shape (seed 004): the index first, then the args; a Ring with no arguments."""
+    import torch
+
+    import ringtrain as rt
+
+    ring = rt.Ring(device="cpu")
+    mean = ring.all_reduce(torch.tensor([float(local_rank) * 2]), op="mean").item()
+    return (local_rank, nprocs, ring.world_size, mean, args["lr"])
+
+
+def tcp_worker(local_rank: int, nprocs: int, port: int) -> float:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=nprocs, rank=local_rank)
+    t = torch.tensor([float(local_rank + 1)])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.item()

@@ -286,6 +286,22 @@ def test_example_runs_unmodified_with_np(tmp_path):
     assert float(epochs[-1].split()[-1]) > 0.7, epochs
 
 
+def test_horovodruns_command_form_with_the_interpreter(tmp_path, monkeypatch):
+    # Seed 001 writes `horovodrun -np 2 -H ip1:1,ip2:1 python train.py`: the same words work here.
+    script = write(tmp_path / "probe.py", PROBE)
+    for interpreter in (["python"], ["python3", "-u"], [sys.executable]):
+        plan = run.plan_from_args(_ns("--horovod", "-np", "2", *interpreter, str(script), "--flag"))
+        assert (plan.target, plan.target_args, plan.module) == (str(script), ["--flag"], False)
+    write(tmp_path / "pkg" / "__init__.py", "")
+    write(tmp_path / "pkg" / "train.py", "print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    plan = run.plan_from_args(_ns("--horovod", "-np", "2", "python", "-m", "pkg.train", "x"))
+    assert (plan.target, plan.target_args, plan.module) == ("pkg.train", ["x"], True)
+    proc = _run("--horovod", "-np", "2", "python", str(script))
+    assert proc.returncode == 0, outputs(proc)
+    assert [r["rank"] for r in results(proc.stdout)] == ["0", "1"], outputs(proc)
+
+
 def test_horovod_variables_on_one_node(tmp_path):
     script = write(tmp_path / "probe.py", PROBE)
     proc = _run("--horovod", "-np", "2", str(script))

@@ -73,3 +73,27 @@ def test_fork_start_method_works_too():
     # What a notebook gets by default (its functions cannot be re-imported by "spawn").
     out = ringtrain.launch(_launch_workers.all_reduce_rank, 2, args=(1.0,), start_method="fork")
     assert [(r["rank"], r["sum"]) for r in out] == [(0, 3.0), (1, 3.0)]
+
+
+@pytest.mark.timeout(120)
+def test_spawn_has_mp_spawns_contract_and_ring_needs_no_arguments():
+    # Seed 004: mp.spawn(main_worker, nprocs=2, args=(2, args)) with main_worker(local_rank, nprocs, args).
+    out = ringtrain.spawn(_launch_workers.main_worker, nprocs=2, args=(2, {"lr": 0.1}))
+    assert out == [(0, 2, 2, 1.0, 0.1), (1, 2, 2, 1.0, 0.1)]  # (index, nprocs, ring world, mean, args)
+
+
+@pytest.mark.timeout(120)
+def test_spawn_works_with_a_hand_written_init_process_group():
+    # Seed 004 again: init_process_group(init_method='tcp://127.0.0.1:PORT', world_size=nprocs, rank=i).
+    from _launch_util import free_port
+
+    out = ringtrain.spawn(_launch_workers.tcp_worker, nprocs=2, args=(2, free_port()))
+    assert out == [3.0, 3.0]
+    with pytest.raises(RingtrainError, match="join=False"):
+        ringtrain.spawn(_launch_workers.tcp_worker, nprocs=2, args=(2, 1), join=False)
+
+
+def test_launch_has_no_time_limit_by_default():
+    import inspect
+
+    assert inspect.signature(ringtrain.launch).parameters["timeout"].default is None

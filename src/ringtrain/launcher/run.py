@@ -293,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="restart this node's workers up to K times after a failure. Default: 0.")
     add("--log-dir", default=None, metavar="DIR",
         help="directory for torchelastic's per-run logs and error files. Default: a temporary directory.")
+    parser.add_argument("--use-env", "--use_env", action="store_true", default=False,
+                        help="accepted and ignored, as torchrun does: workers always get LOCAL_RANK in their environment.")
     add("--timeout", type=int, default=300, metavar="SECONDS",
         help="how long nodes wait for each other to join the rendezvous. Default: 300.")
     horovod = parser.add_argument_group("Horovod scripts and horovodrun-style flags (see \"Horovod scripts\" below)")
@@ -421,6 +423,8 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
         raise RingtrainError(f"--timeout {ns.timeout}: must be at least 1 second", "e.g. --timeout 300.")
     if ns.max_restarts < 0:
         raise RingtrainError(f"--max-restarts {ns.max_restarts} is negative", "use 0 (no restarts) or more.")
+    # horovodrun's command form: `-np 2 python train.py` (or `python -m pkg.mod`).
+    ns.script, ns.script_args, ns.module = scripts.strip_interpreter(ns.script, list(ns.script_args), ns.module)
     if ns.module:
         source_file = scripts.module_file(ns.script)
     else:

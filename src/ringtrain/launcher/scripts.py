@@ -56,6 +56,32 @@ def read_source(path: str) -> str:
         return ""
 
 
+_INTERPRETER = re.compile(r"^python(\d+(\.\d+)?)?$")
+_HARMLESS_FLAGS = ("-u", "-B", "-O", "-OO", "-s", "-E")  # they change nothing ringtrain's workers rely on
+
+
+def strip_interpreter(target: str, args: list[str], module: bool) -> tuple[str, list[str], bool]:
+    """``python train.py a b`` -> ``train.py a b``; ``python -m pkg.mod a`` -> module ``pkg.mod a``.
+
+    horovodrun takes a whole command (``horovodrun -np 2 python train.py``); ringtrain's workers
+    already run under this interpreter, so a leading ``python``/``python3``/``python3.11`` or the
+    path of an interpreter is dropped, with the interpreter flags that change nothing here.
+    """
+    if module or not (_INTERPRETER.match(os.path.basename(target)) or os.path.realpath(target) == os.path.realpath(sys.executable)):
+        return target, args, module
+    rest = list(args)
+    while rest and rest[0] in _HARMLESS_FLAGS:
+        rest.pop(0)
+    if rest[:1] == ["-m"] and len(rest) > 1:
+        return rest[1], rest[2:], True
+    if not rest or rest[0].startswith("-"):
+        raise RingtrainError(
+            f"`{' '.join([target, *args])}`: after the interpreter, ringtrain expects a script or -m module",
+            "write `ringtrain run [options] train.py args` (or `... python train.py args`, as with horovodrun).",
+        )
+    return rest[0], rest[1:], False
+
+
 def check_script(path: str) -> str:
     """Fail early (exit code 2) when the script to launch does not exist."""
     if not os.path.exists(path):

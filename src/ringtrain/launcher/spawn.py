@@ -9,10 +9,14 @@ calls ``fn(*args)`` in every process (notebooks, tests). Both are built on torch
   LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) before ``fn`` runs, so
   ``ringtrain.Ring()`` needs no arguments and ``init_process_group("gloo")`` (``env://``)
   works, exactly as under ``ringtrain run``;
-* the parent hosts the job's TCPStore on a free loopback port, as torchrun's agent does
-  (``TORCHELASTIC_USE_AGENT_STORE=True`` tells the children to join it as clients): the
-  store outlives every rank, so a rank that finishes first cannot pull it out from under
-  the others;
+* ``launch``: the parent hosts the job's TCPStore on a free loopback port, as torchrun's
+  agent does (``TORCHELASTIC_USE_AGENT_STORE=True`` tells the children to join it as
+  clients): the store outlives every rank, so a rank that finishes first cannot pull it out
+  from under the others. ``spawn``: no store of the parent's — scripts written for
+  ``mp.spawn`` form their group themselves (``init_method='tcp://...'``, or ``env://`` with
+  MASTER_ADDR/MASTER_PORT they set), and a client-only flag would leave their rank 0
+  waiting for a server that never comes; ``MASTER_PORT`` is a free port then, and rank 0
+  hosts the store there (``Ring()`` does so by itself);
 * the ranks' return values come back, as a list indexed by rank;
 * a failing rank is reported as soon as it fails, naming the rank that caused it (not one
   that merely stopped because of it) with its traceback; the others are stopped. A rank
@@ -77,9 +81,11 @@ def _child(local_rank: int, fn: Callable, args: Sequence, nprocs: int, port: int
     # One node: global rank == local rank. The same names and values torchrun sets.
     os.environ.update(
         RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs),
-        GROUP_RANK="0", MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
+        GROUP_RANK="0", MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port),
         TORCHELASTIC_ERROR_FILE=os.path.join(results, _ERROR.format(local_rank)),
     )
+    if not pass_index:  # launch(): the parent hosts the store (see the module docstring)
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     keep_gloo_on_loopback(os.environ)  # one machine: nothing needs to reach the ranks from outside
     value: list = []
     ended = run_to_end(lambda: value.append(fn(local_rank, *args) if pass_index else fn(*args)))
@@ -212,7 +218,10 @@ def _start(fn: Callable, nprocs: int, args: Sequence, start_method: str | None, 
             ) from e
         store = None
         try:
-            store = serve_store(listener, LOOPBACK, 300.0)
+            if pass_index:
+                listener.close()  # spawn(): rank 0 hosts the store on this port (see the module docstring)
+            else:
+                store = serve_store(listener, LOOPBACK, 300.0)
             _wait(context.processes, name, timeout, results)
         except BaseException:
             _stop(context.processes)  # KeyboardInterrupt in a notebook must not leave ranks behind

@@ -31,6 +31,7 @@ from torch import nn
 from .. import collectives
 from ..environments import Environment
 from ..errors import RingtrainError
+from ..stages import spans_devices
 from ._group import DEFAULT_TIMEOUT
 
 
@@ -136,10 +137,12 @@ class Strategy(ABC):
     def setup_module(self, module: nn.Module, precision: Any, **options: Any) -> nn.Module:
         """Place ``module`` on the device, run its forward under ``precision``, wrap it.
 
-        Moved before wrapping: DDP and DataParallel need the module on its device first.
-        ``options`` are ring.setup's keywords that this strategy understands (MODULE_OPTIONS).
+        Moved before wrapping: DDP and DataParallel need the module on its device first. A
+        model already spread over several devices (``rt.split``, or placed by hand) keeps its
+        placement. ``options`` are ring.setup's keywords that this strategy understands.
         """
-        module = module.to(self.device)
+        if not spans_devices(module):
+            module = module.to(self.device)
         precision.wrap_forward(module)
         return self.wrap_module(module, **options)
 
@@ -206,6 +209,12 @@ class Strategy(ABC):
 
     def all_gather(self, x: Any) -> torch.Tensor:
         return collectives.all_gather(x, self.checker)
+
+    def reduce(self, x: Any, dst: int = 0, op: str = "mean") -> torch.Tensor | None:
+        return collectives.reduce(x, dst, op, self.checker)
+
+    def gather(self, x: Any, dst: int = 0) -> torch.Tensor | None:
+        return collectives.gather(x, dst, self.checker)
 
     def gather_object(self, obj: Any) -> list[Any]:
         return collectives.gather_object(obj, self.checker)

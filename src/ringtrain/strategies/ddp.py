@@ -15,6 +15,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import RingtrainError
+from ..stages import spans_devices
 from .base import BackwardSyncControl, Distributed
 
 COMPRESSIONS = ("none", "fp16")
@@ -52,7 +53,9 @@ class DDP(Distributed, BackwardSyncControl):
                 f"{type(module).__name__} has no trainable parameters, so DDP has nothing to synchronise",
                 "pass the model you train to ring.setup, or use ring.setup only for trainable models.",
             )
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        # A module on several devices (model parallel inside each process) must leave device_ids
+        # unset (DistributedDataParallel's documented rule for multi-device modules).
+        device_ids = [self.device.index] if self.device.type == "cuda" and not spans_devices(module) else None
         # DDP broadcasts rank 0's parameters and buffers on construction, so every
         # rank starts from the same weights whatever its own initialisation did.
         wrapped = DistributedDataParallel(module, device_ids=device_ids, **{**self.ddp_options, **options})

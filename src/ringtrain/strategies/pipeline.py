@@ -3,7 +3,7 @@
 The schedule is torch's own (``torch.distributed.pipelining``: ``PipelineStage``
 with ``ScheduleGPipe``, ``Schedule1F1B`` or ``ScheduleInterleaved1F1B``); the
 process group is the service every distributed strategy uses (_group.py). This file adds what a training loop needs
-around them: cutting the model by module name (split.py), keeping only this
+around them: cutting the model by module name (stages.py), keeping only this
 rank's stage in memory, a step that returns the loss on every rank, data
 parallelism over replicas, global-norm clipping, and full (unsplit) checkpoints.
 
@@ -44,7 +44,7 @@ from torch.distributed.pipelining import (
 
 from ..checkpoint import strip_wrapper_prefixes
 from ..errors import RingtrainError
-from ..split import Stage, cut, dynamic_mode_problem, meta_shapes, release
+from ..stages import Stage, cut, dynamic_mode_problem, meta_shapes, release
 from .base import Distributed, PipelineSchedule
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
@@ -176,7 +176,7 @@ class Pipeline(Distributed, PipelineSchedule):
             raise RingtrainError(
                 f"stages={s} but the split points make {n} stage(s)",
                 f"give {s - 1} split point(s) (split_at=[module names]); available names are listed by "
-                "`from ringtrain.split import cuttable_names; cuttable_names(model)`.",
+                "`from ringtrain.stages import cuttable_names; cuttable_names(model)`.",
             )
         if self.pp_group is None:
             raise RingtrainError("the pipeline's process groups do not exist yet", "call setup_environment() first (Ring does).")

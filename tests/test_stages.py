@@ -1,4 +1,4 @@
-"""ringtrain.split: one process, stages on several devices, equal to the unsplit model."""
+"""ringtrain.stages: one process, stages on several devices, equal to the unsplit model."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ringtrain as rt
-from ringtrain.split import Split, cut, cuttable_names, meta_shapes, split
+from ringtrain.stages import Split, cut, cuttable_names, meta_shapes, split
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -203,3 +203,23 @@ def test_split_between_cpu_and_gpu():
     F.cross_entropy(unsplit(x), y).backward()
     assert_close(grads(cut), grads(unsplit), 1e-5)
     assert list(cut.state_dict()) == list(unsplit.state_dict())
+
+
+def test_integer_split_points_of_a_sequential():
+    # What users write for nn.Sequential: positions, not names.
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    by_position = rt.split(model, devices=["cpu", "cpu"], at=[2])
+    assert [list(dict(stage.named_children())) for stage in by_position.stages] == [["0", "1"], ["2"]]
+    assert rt.split(model, devices=["cpu", "cpu"], at=2).stages[1][0] is model[2]
+
+
+def test_ring_setup_keeps_a_split_models_placement():
+    # ring.setup moved every module to ring.device, collapsing a split model onto one device.
+    # "meta" stands in for a second device on a CPU machine: where the stage is, not what it computes.
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    split = rt.split(model, devices=["cpu", "meta"], at=[2])
+    ring = rt.Ring()
+    placed = ring.setup(split)
+    assert placed is split
+    assert {p.device.type for p in split.stages[0].parameters()} == {"cpu"}
+    assert {p.device.type for p in split.stages[1].parameters()} == {"meta"}

@@ -117,9 +117,12 @@ def cut(model: nn.Module | Sequence[nn.Module], at: Sequence[str] | None) -> tup
         return [Stage(OrderedDict({str(i): m}), unpack=True) for i, m in enumerate(root)], root
     if not isinstance(model, nn.Module):
         raise RingtrainError(f"cannot split a {type(model).__name__}", "pass an nn.Sequential or a list of stage modules.")
-    at = [at] if isinstance(at, str) else list(at or [])
+    at = [at] if isinstance(at, (str, int)) else list(at or [])
+    # An integer is a position in the top-level Sequential, as users write it: at=[2] is at=["2"].
+    at = [str(a) if isinstance(a, int) and not isinstance(a, bool) else a for a in at]
     if not all(isinstance(a, str) for a in at):
-        raise RingtrainError(f"split points must be a list of module names, got at={at!r}", "e.g. at=['4'] or at=['body.3'].")
+        raise RingtrainError(f"split points must be module names or positions, got at={at!r}",
+                             "e.g. at=[2], at=['4'] or at=['body.3'].")
     if at and not _is_plain_sequential(model):
         raise RingtrainError(
             f"{type(model).__name__} has its own forward(), which ringtrain cannot cut at {at} without knowing "
@@ -155,6 +158,11 @@ def cut(model: nn.Module | Sequence[nn.Module], at: Sequence[str] | None) -> tup
             "move those parameters/buffers into a child module.",
         )
     return stages, model
+
+
+def spans_devices(module: nn.Module) -> bool:
+    """Are ``module``'s parameters and buffers on more than one device (a model split by hand or rt.split)?"""
+    return len({t.device for t in (*module.parameters(), *module.buffers())}) > 1
 
 
 def release(root: nn.Module, keep: Sequence[nn.Module]) -> None:
