@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from . import checkpoint
-from .data import RingLoader
+from .data import RingLoader, move_to_device
 from .errors import RingtrainError
 
 
@@ -47,7 +47,7 @@ class SaveAndResume:
                 "scaler": self.precision.scaler.state_dict(),
             }
             try:
-                checkpoint.atomic_save(payload, path)
+                checkpoint.atomic_save(checkpoint.to_cpu(payload), path)
             except RingtrainError as e:
                 failure = str(e)
             except Exception as e:  # disk full, permissions, unpicklable extra...
@@ -66,14 +66,14 @@ class SaveAndResume:
         return checkpoint.state_of(value)
 
     def load(self, path: str, **targets: Any) -> dict[str, Any]:
-        """Load ``path`` (on every rank, onto ``ring.device``) into ``targets``; return the other entries.
+        """Load ``path`` (on every rank) into ``targets``; return the other entries, on ``ring.device``.
 
         Accepts ring.save checkpoints and plain PyTorch ones, with or without
         ``module.`` prefixes; a bare state dict loads into the one module given.
         After loading a ring checkpoint, ``ring.epochs`` and the loaders continue
         where the saved run was (mid-epoch included).
         """
-        ckpt = checkpoint.read(path, self.device)
+        ckpt = checkpoint.read(path)  # to the CPU; load_state_dict copies to the device
         modules = [name for name, t in targets.items() if isinstance(t, nn.Module)]
         if checkpoint.META_KEY not in ckpt and checkpoint.is_plain_state_dict(ckpt) and len(modules) == 1:
             ckpt = {modules[0]: ckpt}
@@ -98,7 +98,7 @@ class SaveAndResume:
         meta = ckpt.get(checkpoint.META_KEY)
         if isinstance(meta, dict):
             self._restore_meta(meta)
-        return {k: v for k, v in ckpt.items() if k not in targets and k != checkpoint.META_KEY}
+        return {k: move_to_device(v, self.device) for k, v in ckpt.items() if k not in targets and k != checkpoint.META_KEY}
 
     def _restore_meta(self, meta: dict[str, Any]) -> None:
         # RNG streams are per rank: restored only when the world has the same size.
@@ -129,7 +129,7 @@ class SaveAndResume:
 
     # --- periodic checkpoints (Ring(checkpoint_dir=..., save_every=...)) -----------
     def _resume_from_checkpoint_dir(self, targets: dict[str, Any]) -> None:
-        latest = self.checkpoints.latest() if self.is_main else None  # type: ignore[union-attr]
+        latest = self.checkpoints.latest_readable() if self.is_main else None  # type: ignore[union-attr]
         latest = self.strategy.broadcast_object(latest)
         if latest is None:
             return

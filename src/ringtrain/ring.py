@@ -169,6 +169,7 @@ class Ring(SaveAndResume):
         self._save_due = False
         self._autosave_targets: dict[str, Any] = {}
         if self.checkpoints is not None and self.is_main:
+            self.checkpoints.check_writable()
             self.checkpoints.prepare()
         self._models: list[nn.Module] = []
         self._optimizers: list[torch.optim.Optimizer] = []
