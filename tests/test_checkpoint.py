@@ -347,3 +347,41 @@ def test_check_writable_creates_the_folder_and_leaves_nothing(tmp_path):
     folder = tmp_path / "a" / "b"
     checkpoint.CheckpointDir(folder).check_writable()
     assert os.listdir(folder) == []
+
+
+# --- devices: checkpoints hold CPU tensors and load through the CPU ------------------------
+
+def test_to_cpu_keeps_containers_and_state_dict_metadata():
+    model = torch.nn.BatchNorm1d(3)
+    state = model.state_dict()
+    moved = checkpoint.to_cpu({"model": state, "list": [torch.ones(2, requires_grad=True)], "n": 3, "t": (torch.zeros(1),)})
+    assert type(moved["model"]) is type(state) and moved["model"]._metadata == state._metadata
+    assert not moved["list"][0].requires_grad and isinstance(moved["t"], tuple) and moved["n"] == 3
+    torch.nn.BatchNorm1d(3).load_state_dict(moved["model"])
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_gpu_checkpoint_is_cpu_on_disk_and_resumes_on_the_gpu(tmp_path):
+    # A GPU-only defect: loading onto cuda:k brought numpy's RNG state back as a CUDA
+    # tensor (restore failed) and Adam's step counters onto the GPU.
+    path = str(tmp_path / "gpu.pt")
+    ring = rt.Ring(device="cuda", seed=0)
+    model = jobs.small_model()
+    model, optimizer = ring.setup(model, torch.optim.Adam(model.parameters(), lr=1e-3))
+    x, y = jobs.regression_data(8).tensors
+    ring.backward(torch.nn.functional.cross_entropy(model(x.to(ring.device)), y.to(ring.device)))
+    optimizer.step()
+    ring.save(path, model=model, optimizer=optimizer)
+    raw = torch.load(path)  # no map_location: where the file says the tensors live
+    assert {t.device.type for t in raw["model"].values()} == {"cpu"}
+    assert all(v.device.type == "cpu" for s in raw["optimizer"]["state"].values() for v in s.values())
+    ring.load(path, model=model, optimizer=optimizer)
+    for state in optimizer.state.values():
+        assert state["step"].device.type == "cpu" and state["exp_avg"].device == ring.device
+    ring.backward(torch.nn.functional.cross_entropy(model(x.to(ring.device)), y.to(ring.device)))
+    optimizer.step()
+    ring.close()

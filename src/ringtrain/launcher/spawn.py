@@ -119,7 +119,11 @@ def _check(fn: Callable, nprocs: Any, start_method: str) -> None:
     if start_method == "fork":
         import torch
 
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # is_initialized() only: is_available() itself initializes the CUDA driver in this
+        # process (torch documents it; PYTORCH_NVML_BASED_CUDA_CHECK exists for that), after
+        # which forked children fail in set_device with "Cannot re-initialize CUDA in forked
+        # subprocess" — the check would cause the very failure it guards against.
+        if torch.cuda.is_initialized():
             raise RingtrainError(
                 "CUDA is already initialized in this process, and forked children cannot use it",
                 "restart the notebook kernel and call launch() before touching the GPU in the "
