@@ -37,6 +37,27 @@ def test_forward_runs_under_autocast_and_returns_float32(precision, inner):
     assert list(model.state_dict()) == ["fc.weight", "fc.bias"]
 
 
+@pytest.mark.timeout(300)
+def test_compiling_the_module_setup_returned_keeps_autocast():
+    # torch.compile(ring.setup(model)): the order torch recommends for DDP-wrapped modules.
+    # aot_eager runs dynamo and AOTAutograd (what breaks on the hooks) without a C compiler.
+    torch.manual_seed(0)
+    ring = rt.Ring(precision="bf16-mixed")
+    eager = ring.setup(jobs.small_model())
+    compiled_base = ring.setup(jobs.small_model())
+    compiled_base.load_state_dict(eager.state_dict())
+    compiled = torch.compile(compiled_base, backend="aot_eager")
+    x, y = jobs.regression_data(8).tensors
+    for model in (eager, compiled):
+        out = model(x)
+        assert out.dtype == torch.float32
+        F.cross_entropy(out, y).backward()
+    assert torch.equal(compiled(x), eager(x))
+    for a, b in zip(eager.parameters(), compiled_base.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    assert not torch.is_autocast_enabled("cpu")
+
+
 def test_autocast_region_closes_when_forward_raises():
     class Boom(nn.Module):
         def forward(self, x):

@@ -90,8 +90,14 @@ class Precision:
             regions.pop().__exit__(None, None, None)
             return _to_float32(output)
 
-        module.register_forward_pre_hook(enter)
-        module.register_forward_hook(leave, always_call=True)
+        # Kept out of torch.compile's graphs: dynamo cannot carry an autocast region opened in
+        # one hook and closed in another (it fails at the exit: "'autocast' object has no
+        # attribute 'prev'"), so compiling the module ring.setup returned — DDP-wrapped, the
+        # order torch recommends — broke. Run eagerly at the module's boundary, the hooks set
+        # autocast around the compiled forward, whose graph is specialised to it (dynamo
+        # guards on the autocast state). Costs about a microsecond per forward.
+        module.register_forward_pre_hook(torch.compiler.disable(enter))
+        module.register_forward_hook(torch.compiler.disable(leave), always_call=True)
         module._ringtrain_autocast = True
 
     def __repr__(self) -> str:

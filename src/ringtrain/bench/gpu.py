@@ -95,11 +95,7 @@ class Loop:
         if impl == "ringtrain":
             with contextlib.redirect_stdout(io.StringIO()):
                 self.ring = rt.Ring(precision=precision, seed=0, device=device.type)
-            # Compiled before setup: the Ring's autocast runs in forward hooks, which torch.compile
-            # cannot trace when they sit inside the compiled module (it fails or drops autocast);
-            # outside it they run eagerly and the compiled graph is specialised to autocast on.
-            model, optimizer = self.ring.setup(torch.compile(model) if compiled else model, optimizer)
-            compiled = False
+            model, optimizer = self.ring.setup(model, optimizer)
         else:
             model = model.to(device)
             if world > 1:
@@ -107,6 +103,8 @@ class Loop:
             dtype = {"32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}[precision]
             self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
             self.scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
+        # Both rows compile the module as it is trained, DDP-wrapped when W > 1 (torch's
+        # recommended order): like with like. The Ring's autocast hooks stay outside the graph.
         self.model = torch.compile(model) if compiled else model
         self.optimizer = optimizer
 
