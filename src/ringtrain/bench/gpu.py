@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..errors import RingtrainError
+from ..precision import bf16_problem
 from .workloads import _resnet18
 
 # Dense (no sparsity) bf16 tensor-core peak, TFLOP/s, from the vendors' data sheets; first match wins.
@@ -179,8 +180,9 @@ def preset_worker(opts: dict) -> dict | None:
     for precision, channels_last, compiled in configs:
         loops, times, peaks, errors = {}, {"ringtrain": [], "raw": []}, {"ringtrain": 0.0, "raw": 0.0}, {}
         for impl in ("ringtrain", "raw"):
-            if cuda and precision == "bf16-mixed" and not torch.cuda.is_bf16_supported():
-                errors[impl] = f"SKIPPED: {name} has no bfloat16 (pre-Ampere)"
+            problem = bf16_problem(device) if precision == "bf16-mixed" else None  # after set_device, this GPU
+            if problem:
+                errors[impl] = f"SKIPPED: {problem}"
                 continue
             try:
                 loops[impl] = Loop(impl, precision, channels_last, compiled, device, world, opts.get("width", 64))
