@@ -8,7 +8,9 @@ TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ringtrain-installed
 
-.PHONY: demo test test-stress test-gpu bench-overhead install clean
+GPU_CHECK_OUT ?= gpu-check-report
+
+.PHONY: demo test test-stress test-gpu gpu-check bench-overhead install clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,8 +39,15 @@ test-stress: $(STAMP)
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
 
+# Every CUDA/NCCL path in order, each under a timeout; report in $(GPU_CHECK_OUT)/report.md.
+# Installs nothing (no $(STAMP)): it checks the torch of $(PYTHON), e.g. a GPU machine's own
+# `make gpu-check PYTHON=/opt/conda/bin/python`, or the venv's `make gpu-check PYTHON=$(PY)`.
+# Without a GPU it reports "no GPU: skipped" and succeeds. See scripts/gpu_check.sh.
+gpu-check:
+	PYTHON="$(PYTHON)" scripts/gpu_check.sh "$(GPU_CHECK_OUT)"
+
 bench-overhead: $(STAMP)
 	$(PY) benchmarks/overhead.py
 
 clean:
-	rm -rf $(VENV) runs bench-out .pytest_cache
+	rm -rf $(VENV) runs bench-out .pytest_cache $(GPU_CHECK_OUT)

@@ -119,6 +119,21 @@ def test_batches_move_to_device_recursively():
     assert moved["name"] == "a" and torch.equal(moved["pair"][1][0], torch.ones(1))
 
 
+def test_moved_mappings_keep_their_type():
+    # What a collate_fn may return; type(batch)({...}) turned a defaultdict into a TypeError.
+    import collections
+    import types
+
+    batch = collections.defaultdict(list, {"x": torch.ones(2)})
+    moved = move_to_device(batch, torch.device("cpu"))
+    assert type(moved) is collections.defaultdict and moved.default_factory is list
+    assert torch.equal(moved["x"], torch.ones(2)) and moved["missing"] == [] and "missing" not in batch
+    ordered = move_to_device(collections.OrderedDict([("b", torch.zeros(1)), ("a", torch.ones(1))]), torch.device("cpu"))
+    assert type(ordered) is collections.OrderedDict and list(ordered) == ["b", "a"]
+    frozen = move_to_device(types.MappingProxyType({"x": torch.ones(1)}), torch.device("cpu"))
+    assert type(frozen) is types.MappingProxyType and torch.equal(frozen["x"], torch.ones(1))
+
+
 def test_single_process_loader_uses_whole_dataset():
     ring = rt.Ring(seed=0)
     loader = ring.loader(TensorDataset(torch.arange(10)), batch_size=4, shuffle=True)

@@ -171,3 +171,62 @@ def test_clip_grad_norm_only_on_boundaries():
     assert norm > 1.0
     clipped = torch.cat([p.grad.flatten() for p in model.parameters()]).norm()
     assert clipped == pytest.approx(1.0, rel=1e-4)
+
+
+def _two_optimizer_run(use_ring: bool, clip: bool, head_every: int = 1, steps: int = 5) -> tuple[torch.Tensor, float]:
+    """fp16 on CPU with two models, two optimizers, one scaler: the ring's loop, or torch's
+    documented one (scaler.step for each optimizer, then scaler.update once). The head's
+    optimizer steps every ``head_every`` iterations (a GAN-like schedule)."""
+    torch.manual_seed(0)
+    encoder, head = torch.nn.Linear(6, 8), torch.nn.Linear(8, 3)
+    opt_e = torch.optim.SGD(encoder.parameters(), lr=0.1)
+    opt_h = torch.optim.SGD(head.parameters(), lr=0.1)
+    data = torch.randn(steps, 4, 6)
+    target = torch.randint(0, 3, (steps, 4))
+    # growth_interval=1: the scale doubles after every finite step, so an update between
+    # the two optimizers' steps shows as a factor of 2 in the second one's step.
+    scaler_state = {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 1,
+                    "_growth_tracker": 0}
+    if use_ring:
+        ring = rt.Ring(precision="16-mixed", device="cpu")
+        encoder, opt_e = ring.setup(encoder, opt_e)
+        head, opt_h = ring.setup(head, opt_h)
+        ring.precision.scaler.load_state_dict(scaler_state)
+        for i, (x, y) in enumerate(zip(data, target)):
+            ring.backward(F.cross_entropy(head(encoder(x)), y))
+            if clip:
+                ring.clip_grad_norm_(encoder, 0.5)
+            opt_e.step()
+            if i % head_every == 0:
+                opt_h.step()
+            opt_e.zero_grad()
+            opt_h.zero_grad()
+        scale = ring.precision.scaler.get_scale()
+        ring.close()
+    else:
+        scaler = torch.amp.GradScaler("cpu")
+        scaler.load_state_dict(scaler_state)
+        for i, (x, y) in enumerate(zip(data, target)):
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = head(encoder(x)).float()
+            scaler.scale(F.cross_entropy(out, y)).backward()
+            if clip:
+                scaler.unscale_(opt_e)
+                scaler.unscale_(opt_h)
+                torch.nn.utils.clip_grad_norm_(encoder.parameters(), 0.5)
+            scaler.step(opt_e)
+            if i % head_every == 0:
+                scaler.step(opt_h)
+            scaler.update()
+            opt_e.zero_grad()
+            opt_h.zero_grad()
+        scale = scaler.get_scale()
+    return torch.cat([p.detach().reshape(-1) for m in (encoder, head) for p in m.parameters()]), scale
+
+
+@pytest.mark.parametrize("clip, head_every", [(False, 1), (True, 1), (True, 2)])
+def test_fp16_scaler_with_two_optimizers_updates_once_per_step(clip, head_every):
+    ringed, ring_scale = _two_optimizer_run(use_ring=True, clip=clip, head_every=head_every)
+    reference, ref_scale = _two_optimizer_run(use_ring=False, clip=clip, head_every=head_every)
+    assert ring_scale == ref_scale == 1024.0 * 2**5  # one update per step, not one per optimizer
+    assert max_diff(ringed, reference) <= 1e-6

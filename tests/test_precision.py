@@ -37,6 +37,59 @@ def test_forward_runs_under_autocast_and_returns_float32(precision, inner):
     assert list(model.state_dict()) == ["fc.weight", "fc.bias"]
 
 
+@pytest.mark.timeout(300)
+def test_compiling_the_module_setup_returned_keeps_autocast():
+    # torch.compile(ring.setup(model)): the order torch recommends for DDP-wrapped modules.
+    # aot_eager runs dynamo and AOTAutograd (what breaks on the hooks) without a C compiler.
+    torch.manual_seed(0)
+    ring = rt.Ring(precision="bf16-mixed")
+    eager = ring.setup(jobs.small_model())
+    compiled_base = ring.setup(jobs.small_model())
+    compiled_base.load_state_dict(eager.state_dict())
+    compiled = torch.compile(compiled_base, backend="aot_eager")
+    x, y = jobs.regression_data(8).tensors
+    for model in (eager, compiled):
+        out = model(x)
+        assert out.dtype == torch.float32
+        F.cross_entropy(out, y).backward()
+    assert torch.equal(compiled(x), eager(x))
+    for a, b in zip(eager.parameters(), compiled_base.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    assert not torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled, but CUDA is not available")
+@pytest.mark.parametrize("major, minor, ok", [(6, 1, False), (7, 5, False), (8, 0, True), (9, 0, True)])
+def test_bf16_check_asks_the_devices_own_compute_capability(monkeypatch, major, minor, ok):
+    # A GPU simulated by replacing the one CUDA query; the process runs on cuda:1, so asking
+    # "the current device" (cuda:0 before set_device) would ask the wrong GPU.
+    from types import SimpleNamespace
+
+    from ringtrain import precision as precision_module
+    from ringtrain.bench.modes import precision_problem
+
+    asked = []
+
+    def cuda_properties(index):
+        asked.append(index)
+        return SimpleNamespace(name="Tesla T4" if not ok else "NVIDIA A100", major=major, minor=minor)
+
+    monkeypatch.setattr(precision_module, "cuda_properties", cuda_properties, raising=False)
+    device = torch.device("cuda", 1)
+    if ok:
+        assert precision_module.Precision("bf16-mixed", device).dtype is torch.bfloat16
+        assert precision_problem("bf16-mixed", device) is None
+    else:
+        with pytest.raises(rt.RingtrainError, match=rf"Tesla T4 \(cuda:1, compute capability {major}.{minor}\)") as info:
+            precision_module.Precision("bf16-mixed", device)
+        assert "HINT: use precision='16-mixed'" in str(info.value)
+        assert "compute capability" in precision_problem("bf16-mixed", device)
+    assert asked and set(asked) == {1}
+    asked.clear()
+    precision_module.Precision("16-mixed", device)  # float16 needs no capability check
+    assert asked == []
+
+
 def test_autocast_region_closes_when_forward_raises():
     class Boom(nn.Module):
         def forward(self, x):

@@ -8,15 +8,25 @@ PyTorch code can load.
 
 Writing is atomic (temporary file in the same folder, flush + fsync, rename,
 fsync of the folder: a crash leaves the old file or the new one, never half of
-one). Reading uses ``weights_only=True``, so a checkpoint can never run code.
+one). Tensors are written as CPU copies, so a checkpoint made on a GPU loads on
+a machine without one. Reading uses ``weights_only=True``, so a checkpoint can
+never run code, and loads onto the CPU: ``load_state_dict`` copies into the
+parameters wherever they are, and RNG states must be CPU tensors anyway.
+
+``CheckpointDir`` is the folder of periodic checkpoints. Its manifest is input
+from a file, so it is checked before anything it names is loaded or deleted
+(DESIGN.md, principle 12).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
+import re
 import tempfile
+import warnings
 from collections import OrderedDict
 from typing import Any, Mapping
 
@@ -56,7 +66,7 @@ def restore_rng(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"].cpu())
     np_state = state["numpy"]
     np.random.set_state(
-        ("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"], np_state["has_gauss"], np_state["gauss"])
+        ("MT19937", np_state["keys"].cpu().numpy().astype(np.uint32), np_state["pos"], np_state["has_gauss"], np_state["gauss"])
     )
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
@@ -64,6 +74,27 @@ def restore_rng(state: Mapping[str, Any]) -> None:
         cuda_states = state["cuda"]
         if len(cuda_states) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all([s.cpu() for s in cuda_states])
+
+
+def to_cpu(obj: Any) -> Any:
+    """``obj`` with every tensor inside dicts, lists and tuples replaced by a detached CPU copy.
+
+    What ``ring.save`` writes: a file of CUDA tensors cannot be opened by plain
+    ``torch.load`` on a machine without CUDA ("Attempting to deserialize object on a
+    CUDA device"), which is where checkpoints are often inspected or served.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        out = copy.copy(obj)  # keeps the type and attributes, e.g. a state dict's _metadata (versions)
+        for key, value in obj.items():
+            out[key] = to_cpu(value)
+        return out
+    if isinstance(obj, list):
+        return [to_cpu(v) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(to_cpu(v) for v in obj)
+    return obj
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
@@ -94,8 +125,15 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
         os.close(dir_fd)
 
 
-def read(path: str | os.PathLike, device: torch.device) -> dict[str, Any]:
-    """Load a checkpoint onto ``device`` without unpickling code."""
+def read(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint (onto the CPU unless told otherwise) without unpickling code.
+
+    The CPU is the right place for every caller here: loading onto ``cuda:k`` would
+    bring the saved RNG states back as CUDA tensors (numpy's cannot be restored from
+    one) and an optimizer's ``step`` counters onto the GPU, where a foreach Adam then
+    syncs the host for each of them every step; ``load_state_dict`` copies values to
+    the parameters' device itself.
+    """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise RingtrainError(
@@ -103,7 +141,7 @@ def read(path: str | os.PathLike, device: torch.device) -> dict[str, Any]:
             "check the path; ring.save writes it on the main process only, so read it from a folder every rank sees.",
         )
     try:
-        obj = torch.load(path, map_location=device, weights_only=True)
+        obj = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
         raise RingtrainError(
             f"cannot read the checkpoint {path!r} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
@@ -159,6 +197,23 @@ def load_model_state(model: torch.nn.Module, state_dict: Mapping[str, Any], path
     model.load_state_dict(state_dict)
 
 
+_STEP_FILE = re.compile(r"step-(\d{9,})\.pt")  # CheckpointDir.path_for's names
+# The temporaries ringtrain itself names in a checkpoint folder: atomic_save's and the
+# manifest's ".<final name>.<mkstemp's [a-z0-9_] characters>.tmp", and check_writable's
+# probe. A file of that shape was never renamed to its final name, so it never counted.
+_OWN_TEMPORARY = re.compile(r"\.(?:step-\d{9,}\.pt|manifest\.json|ringtrain-write-check)\.[a-z0-9_]+\.tmp")
+_MANIFEST_HINT = (
+    "manifest entries are plain file names in the checkpoint folder (e.g. step-000000012.pt), and only ringtrain "
+    "writes the manifest: check who else can write there, then fix manifest.json or delete it (ringtrain "
+    "rebuilds it from the checkpoints in the folder, reading each one)."
+)
+
+
+def _plain_file(path: str) -> bool:
+    """A regular file and not a link (a link is never ours to follow or delete when unlisted)."""
+    return os.path.isfile(path) and not os.path.islink(path)
+
+
 class CheckpointDir:
     """A folder of periodic checkpoints: the last ``keep_last`` complete ones and a manifest.
 
@@ -166,6 +221,13 @@ class CheckpointDir:
     rewritten atomically *after* the checkpoint file is on disk — so a crash at
     any moment leaves the previous complete checkpoint as the latest one, never
     a partial file. Only the main process writes here.
+
+    Nothing is lost and nothing outside the folder is touched: the only files
+    deleted are ringtrain's own temporaries and checkpoints that rotation drops
+    from the manifest; a file the manifest does not list is left alone; a
+    missing manifest is rebuilt from the checkpoints that read back whole; a
+    manifest entry that is not a plain file name in this folder (absolute,
+    ``..``, a link leading out) stops the run before it is loaded or deleted.
     """
 
     MANIFEST = "manifest.json"
@@ -176,53 +238,209 @@ class CheckpointDir:
         self.folder = os.fspath(folder)
         self.keep_last = keep_last
 
+    @property
+    def manifest(self) -> str:
+        return os.path.join(self.folder, self.MANIFEST)
+
+    # --- before training (main process) -------------------------------------
+    def check_writable(self) -> None:
+        """Create the folder if needed and prove that a file can be made in it.
+
+        Called by ``Ring(...)``, so a folder that cannot take checkpoints is named
+        before training, not at the first save ``save_every`` steps later.
+        """
+        self._create()
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".ringtrain-write-check.", suffix=".tmp", dir=self.folder)
+        except OSError as e:
+            raise RingtrainError(
+                f"checkpoint_dir {self.folder!r} is not writable ({type(e).__name__}: {e.strerror or e})",
+                "give a checkpoint_dir this user can write to (on a shared file system if several nodes "
+                "resume from it), or fix the folder's permissions or mount.",
+            ) from e
+        os.close(fd)
+        os.unlink(probe)
+
     def prepare(self) -> None:
-        """Create the folder and remove what a crash left behind (main process): temporary
-        files, and checkpoints the manifest does not list (written but never committed, or
-        dropped from the manifest but not yet deleted)."""
-        os.makedirs(self.folder, exist_ok=True)
+        """Make the folder ready (main process): create it, remove ringtrain's own
+        temporaries a crash left behind, and rebuild a missing manifest."""
+        self._create()
+        names = sorted(os.listdir(self.folder))
+        for name in names:
+            path = os.path.join(self.folder, name)
+            if _OWN_TEMPORARY.fullmatch(name) and _plain_file(path):
+                os.unlink(path)
+        step_files = [n for n in names if _STEP_FILE.fullmatch(n)]
+        if not os.path.lexists(self.manifest):
+            if step_files:
+                self._rebuild(step_files)
+            return
         listed = {e["file"] for e in self._entries()}
-        for name in os.listdir(self.folder):
-            stale = name.startswith(".") and name.endswith(".tmp")
-            orphan = name.startswith("step-") and name.endswith(".pt") and name not in listed
-            if stale or orphan:
-                os.unlink(os.path.join(self.folder, name))
+        unlisted = [n for n in step_files if n not in listed]
+        if unlisted:
+            # A complete file a crash left between its rename and the manifest update, an
+            # older one a crash left during rotation, or one the user put here: not ours to delete.
+            warnings.warn(
+                f"ringtrain: {self.folder} holds checkpoint files the manifest does not list; they are "
+                f"left in place and not resumed from: {', '.join(unlisted)}",
+                stacklevel=2,
+            )
+
+    def _create(self) -> None:
+        if os.path.lexists(self.folder) and not os.path.isdir(self.folder):
+            raise RingtrainError(
+                f"checkpoint_dir {self.folder!r} exists and is not a folder",
+                "give a checkpoint_dir that is a folder (or a path that does not exist yet).",
+            )
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+        except OSError as e:
+            raise RingtrainError(
+                f"cannot create checkpoint_dir {self.folder!r} ({type(e).__name__}: {e.strerror or e})",
+                "give a checkpoint_dir under a folder this user can write to, or create it first with the "
+                "right owner (mkdir -p ...).",
+            ) from e
+
+    def _rebuild(self, step_files: list[str]) -> None:
+        """A manifest for the checkpoints in the folder that read back whole, oldest first."""
+        found, unreadable = [], []
+        for name in sorted(step_files, key=lambda n: int(_STEP_FILE.fullmatch(n).group(1))):  # type: ignore[union-attr]
+            path = os.path.join(self.folder, name)
+            problem = self._problem(path) if _plain_file(path) else "not a regular file"
+            if problem is None:
+                found.append({"file": name, "step": int(_STEP_FILE.fullmatch(name).group(1))})  # type: ignore[union-attr]
+            else:
+                unreadable.append(f"{name} ({problem})")
+        if found:
+            self._write_manifest(found)
+        warnings.warn(
+            f"ringtrain: {self.folder} had no {self.MANIFEST}; "
+            + (f"rebuilt it from the complete checkpoints found: {', '.join(e['file'] for e in found)}" if found
+               else "no complete checkpoint was found in it")
+            + (f"; left in place, not listed: {', '.join(unreadable)}" if unreadable else ""),
+            stacklevel=3,
+        )
+
+    # --- the manifest ----------------------------------------------------------
+    def _inside(self, name: Any) -> str:
+        """The path of manifest entry ``name``; refused unless it names a file in this folder."""
+        plain = (
+            isinstance(name, str)
+            and name not in ("", ".", "..")
+            and os.path.basename(name) == name
+            and not (os.altsep and os.altsep in name)
+            and "\0" not in name
+        )
+        if plain:
+            path = os.path.join(self.folder, name)
+            if not os.path.islink(path) or os.path.dirname(os.path.realpath(path)) == os.path.realpath(self.folder):
+                return path
+            found = f"{name!r}, a link to {os.path.realpath(path)!r} outside the folder"
+        else:
+            found = f"{name!r}, which is not a file name inside the folder"
+        raise RingtrainError(f"the checkpoint manifest {self.manifest!r} lists {found}", _MANIFEST_HINT)
 
     def _entries(self) -> list[dict[str, Any]]:
-        path = os.path.join(self.folder, self.MANIFEST)
-        if not os.path.isfile(path):
+        """The manifest's entries whose files exist, oldest first, each checked to name a file in here."""
+        if not os.path.lexists(self.manifest):
             return []
         try:
-            with open(path) as f:
+            with open(self.manifest) as f:
                 entries = json.load(f)["checkpoints"]
+            if not isinstance(entries, list) or not all(isinstance(e, dict) and "file" in e for e in entries):
+                raise TypeError("'checkpoints' is not a list of {\"file\": ...} entries")
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise RingtrainError(
-                f"the checkpoint manifest {path!r} is unreadable ({type(e).__name__}: {e})",
-                "it is only ever replaced atomically, so something else wrote it: restore it or delete the folder.",
+                f"the checkpoint manifest {self.manifest!r} is unreadable ({type(e).__name__}: {e})",
+                "it is only ever replaced atomically, so something else wrote it: restore it, or delete "
+                "manifest.json and ringtrain rebuilds it from the checkpoints in the folder.",
             ) from e
-        return [e for e in entries if os.path.isfile(os.path.join(self.folder, e["file"]))]
+        return [e for e in entries if os.path.isfile(self._inside(e["file"]))]
+
+    def _write_manifest(self, entries: list[dict[str, Any]]) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.MANIFEST}.", suffix=".tmp", dir=self.folder)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"format": FORMAT, "checkpoints": entries}, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.manifest)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    # --- reading ---------------------------------------------------------------
+    def candidates(self) -> list[str]:
+        """Paths of the listed checkpoints, newest first."""
+        return [os.path.join(self.folder, e["file"]) for e in reversed(self._entries())]
 
     def latest(self) -> str | None:
-        """Path of the newest complete checkpoint, or None."""
-        entries = self._entries()
-        return os.path.join(self.folder, entries[-1]["file"]) if entries else None
+        """Path of the newest listed checkpoint, or None."""
+        candidates = self.candidates()
+        return candidates[0] if candidates else None
 
+    def latest_readable(self) -> str | None:
+        """The newest listed checkpoint that reads back whole; None when none is listed.
+
+        A newer one that does not read (damaged on disk, truncated by a full disk after
+        its rename) is named in a warning and skipped. Each candidate is read once here
+        and again by the resume: a second read of one file per restart, in exchange for
+        deciding on the main process alone (every rank then loads the same file).
+        When every listed checkpoint fails, that is an error rather than a fresh start:
+        a passing fault (a file system hiccup) must not send the run back to step 0 and
+        then rotate the good checkpoints away.
+        """
+        candidates = self.candidates()
+        problems = []
+        for path in candidates:
+            problem = self._problem(path)
+            if problem is None:
+                if problems:
+                    warnings.warn(
+                        f"ringtrain: skipped the newest checkpoint(s) of {self.folder}, which cannot be read: "
+                        f"{'; '.join(problems)}; resuming from {os.path.basename(path)}",
+                        stacklevel=2,
+                    )
+                return path
+            problems.append(f"{os.path.basename(path)} ({problem})")
+        if problems:
+            raise RingtrainError(
+                f"none of the checkpoints listed in {self.manifest!r} can be read: {'; '.join(problems)}",
+                "check the disk and the files; to start from scratch instead, move the folder away.",
+            )
+        return None
+
+    @staticmethod
+    def _problem(path: str) -> str | None:
+        """Why ``path`` is not a complete ringtrain checkpoint, or None when it is one."""
+        try:
+            obj = read(path)
+        except RingtrainError as e:
+            cause = e.__cause__
+            if cause is None:
+                return e.message
+            first = (str(cause).splitlines() or [""])[0].split(". ")[0][:160]  # torch's long advice stays out
+            return f"{type(cause).__name__}: {first}"
+        if not isinstance(obj.get(META_KEY), dict):
+            return "not written by ring.save"
+        return None
+
+    # --- writing (main process) ------------------------------------------------
     def path_for(self, step: int) -> str:
         return os.path.join(self.folder, f"step-{step:09d}.pt")
 
     def commit(self, path: str, **info: Any) -> None:
         """Record ``path`` (already written) as the newest checkpoint; drop the oldest beyond keep_last."""
         name = os.path.basename(path)
+        self._inside(name)
         entries = [e for e in self._entries() if e["file"] != name] + [{"file": name, **info}]
         keep, drop = entries[-self.keep_last :], entries[: -self.keep_last]
-        manifest = os.path.join(self.folder, self.MANIFEST)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.MANIFEST}.", suffix=".tmp", dir=self.folder)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"format": FORMAT, "checkpoints": keep}, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, manifest)
+        self._write_manifest(keep)
+        kept = {e["file"] for e in keep}
         for entry in drop:
-            stale = os.path.join(self.folder, entry["file"])
-            if os.path.exists(stale):
+            if entry["file"] in kept:  # listed twice (a hand-edited manifest): still needed
+                continue
+            stale = self._inside(entry["file"])
+            if os.path.lexists(stale):
                 os.unlink(stale)

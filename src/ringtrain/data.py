@@ -19,9 +19,10 @@ per-rank results in rank order restores dataset order.
 
 from __future__ import annotations
 
+import copy
 import random
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -151,7 +152,21 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False)
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, Mapping):
-        return type(batch)({k: move_to_device(v, device, non_blocking) for k, v in batch.items()})
+        moved = {k: move_to_device(v, device, non_blocking) for k, v in batch.items()}
+        if isinstance(batch, MutableMapping):
+            # A shallow copy, then the moved values: keeps the type and what its constructor
+            # would not take back (a defaultdict's default_factory, an OrderedDict's order),
+            # as torch's pin_memory does. type(batch)(moved) would call defaultdict(dict).
+            try:
+                out = copy.copy(batch)
+                out.update(moved)
+                return out
+            except Exception:  # an exotic mapping that cannot be copied: a plain dict of the same items
+                return moved
+        try:
+            return type(batch)(moved)
+        except Exception:
+            return moved
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
         return type(batch)(*(move_to_device(v, device, non_blocking) for v in batch))
     if isinstance(batch, (list, tuple)):

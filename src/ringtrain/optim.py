@@ -43,6 +43,7 @@ class Accumulator:
         self.drop_window = False  # set when a non-finite loss is skipped: the window's step is dropped
         self.skipped_steps = 0
         self._lrs: list[float] | None = None
+        self.scaler_steps: ScalerSteps | None = None  # set by wrap_optimizer: shared by the ring's optimizers
 
     def boundary_ahead(self, remaining: int | None) -> bool:
         """Will the coming backward end the window? Decided before the forward, because
@@ -54,6 +55,9 @@ class Accumulator:
 
     def next_backward(self, remaining: int | None) -> tuple[int, bool]:
         """Advance one micro-step; return (loss divisor, is this the boundary)."""
+        if self.micro == 0 and self.scaler_steps is not None:
+            # A new window: the scale its loss is multiplied by must include the last boundary's update.
+            self.scaler_steps.update()
         boundary = self.boundary_ahead(remaining)
         divisor = self.window
         self.micro = 0 if boundary else self.micro + 1
@@ -78,6 +82,44 @@ class Accumulator:
             )
 
 
+class ScalerSteps:
+    """One fp16 scaler shared by every optimizer of a ring: ``step`` each, then ``update`` once.
+
+    torch's rule for several optimizers (AMP examples, "Working with multiple models,
+    losses, and optimizers"): ``scaler.step(opt)`` for each optimizer, then
+    ``scaler.update()`` once per iteration. ``update`` forgets what each optimizer's step
+    recorded (already unscaled? inf found?) and may change the scale; run after the
+    first of two optimizers, it makes the second unscale its gradients again — twice
+    divided after ``ring.clip_grad_norm_`` unscaled them — or by a scale they were never
+    multiplied with. So the update runs once every optimizer of the ring has stepped at
+    this boundary, or, if some did not step, when the next window's first backward begins.
+    """
+
+    def __init__(self, scaler: torch.amp.GradScaler):
+        self.scaler = scaler
+        self._optimizers: list[int] = []  # ids of the ring's optimizers (the ring holds them)
+        self._stepped: set[int] = set()
+
+    def add(self, optimizer: torch.optim.Optimizer) -> None:
+        self._optimizers.append(id(optimizer))
+
+    def step(self, optimizer: torch.optim.Optimizer, step: Callable[[], Any]) -> Any:
+        """Run ``step`` (which calls ``scaler.step(optimizer)``) and update when every optimizer has stepped."""
+        if id(optimizer) in self._stepped:
+            self.update()  # stepped again with no backward between: the earlier boundary is over
+        result = step()
+        self._stepped.add(id(optimizer))
+        if self._stepped.issuperset(self._optimizers):
+            self.update()
+        return result
+
+    def update(self) -> None:
+        """``scaler.update()`` if any optimizer stepped since the last one (it needs their inf checks)."""
+        if self._stepped:
+            self._stepped.clear()
+            self.scaler.update()
+
+
 def wrap_optimizer(
     optimizer: torch.optim.Optimizer,
     accumulator: Accumulator,
@@ -98,6 +140,10 @@ def wrap_optimizer(
     previous_step = optimizer.step
     previous_zero_grad = optimizer.zero_grad
     inside = [False]
+    if accumulator.scaler_steps is None or accumulator.scaler_steps.scaler is not scaler:
+        accumulator.scaler_steps = ScalerSteps(scaler)
+    scaler_steps = accumulator.scaler_steps
+    scaler_steps.add(optimizer)
 
     # functools.wraps carries the wrapped step's attributes (a scheduler's marker among
     # them); MethodType keeps it a bound method, which schedulers made later expect.
@@ -115,14 +161,16 @@ def wrap_optimizer(
             return None
         with step_context(optimizer):
             if scaler.is_enabled():
-                # The scaler unscales (unless clipping already did), skips the step if any
-                # gradient is inf/NaN and lowers the scale; update() raises it again later.
-                inside[0] = True
-                try:
-                    result = scaler.step(optimizer, closure) if closure is not None else scaler.step(optimizer)
-                finally:
-                    inside[0] = False
-                scaler.update()
+                # The scaler unscales (unless clipping already did) and skips the step if any
+                # gradient is inf/NaN; ScalerSteps updates the scale once all optimizers stepped.
+                def scaled_step() -> Any:
+                    inside[0] = True
+                    try:
+                        return scaler.step(optimizer, closure) if closure is not None else scaler.step(optimizer)
+                    finally:
+                        inside[0] = False
+
+                result = scaler_steps.step(optimizer, scaled_step)
             else:
                 result = previous_step(closure) if closure is not None else previous_step()
         accumulator.optimizer_steps += 1

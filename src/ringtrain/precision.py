@@ -28,6 +28,31 @@ _ALIASES = {"32": "32", "32-true": "32", "fp32": "32", "bf16-mixed": "bf16-mixed
             "16-mixed": "16-mixed", "fp16": "16-mixed", "16": "16-mixed"}
 
 
+def cuda_properties(index: int) -> Any:
+    """The properties (``name``, ``major``, ``minor``) of GPU ``index``: the one CUDA query the
+    bfloat16 check makes, so tests can stand in for a GPU they do not have."""
+    return torch.cuda.get_device_properties(index)
+
+
+def bf16_problem(device: torch.device) -> str | None:
+    """Why bfloat16 autocast should not run on ``device``, or None.
+
+    A GPU below compute capability 8.0 (before Ampere) has no bfloat16 arithmetic;
+    ``torch.cuda.is_bf16_supported()`` still says yes there, counting emulation (much
+    slower than float16), and it asks the *current* GPU, which is cuda:0 until the
+    strategy sets the device — so every process would ask GPU 0. The device's own
+    index is asked instead, which needs no set_device.
+    """
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    props = cuda_properties(index)
+    if (props.major, props.minor) >= (8, 0):
+        return None
+    return (f"{props.name} (cuda:{index}, compute capability {props.major}.{props.minor}) has no bfloat16 "
+            "arithmetic; it needs 8.0 or newer (Ampere)")
+
+
 def _to_float32(output: Any) -> Any:
     if isinstance(output, torch.Tensor):
         return output.float() if output.is_floating_point() and output.dtype != torch.float32 else output
@@ -59,10 +84,11 @@ class Precision:
                 f"precision={name!r} needs autocast on {self.device_type}, which this torch build lacks",
                 "use precision='32'.",
             )
-        if self.dtype is torch.bfloat16 and self.device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        problem = bf16_problem(device) if self.dtype is torch.bfloat16 else None
+        if problem:
             raise RingtrainError(
-                "precision='bf16-mixed' was asked for, but this GPU has no bfloat16 support",
-                "use precision='16-mixed' on pre-Ampere GPUs.",
+                f"precision='bf16-mixed' was asked for, but {problem}",
+                "use precision='16-mixed' on pre-Ampere GPUs (with its loss scaling), or '32'.",
             )
         self.scaler = torch.amp.GradScaler(self.device_type, enabled=self.dtype is torch.float16)
 
@@ -95,8 +121,14 @@ class Precision:
             regions.pop().__exit__(None, None, None)
             return _to_float32(output)
 
-        module.register_forward_pre_hook(enter)
-        module.register_forward_hook(leave, always_call=True)
+        # Kept out of torch.compile's graphs: dynamo cannot carry an autocast region opened in
+        # one hook and closed in another (it fails at the exit: "'autocast' object has no
+        # attribute 'prev'"), so compiling the module ring.setup returned — DDP-wrapped, the
+        # order torch recommends — broke. Run eagerly at the module's boundary, the hooks set
+        # autocast around the compiled forward, whose graph is specialised to it (dynamo
+        # guards on the autocast state). Costs about a microsecond per forward.
+        module.register_forward_pre_hook(torch.compiler.disable(enter))
+        module.register_forward_hook(torch.compiler.disable(leave), always_call=True)
         module._ringtrain_autocast = True
 
     def __repr__(self) -> str:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from . import checkpoint
-from .data import RingLoader
+from .data import RingLoader, move_to_device
 from .errors import RingtrainError
 from .optim import Accumulator
 
@@ -68,7 +68,7 @@ class Resumer:
         if self.checkpoints is None:
             return
         self._targets.update(targets)
-        latest = self.checkpoints.latest() if self.is_main else None
+        latest = self.checkpoints.latest_readable() if self.is_main else None
         latest = self.strategy.broadcast_object(latest)
         if latest is None:
             return
@@ -121,7 +121,7 @@ class Resumer:
                 "scaler": self.scaler.state_dict(),
             }
             try:
-                checkpoint.atomic_save(payload, path)
+                checkpoint.atomic_save(checkpoint.to_cpu(payload), path)
             except RingtrainError as e:
                 failure = str(e)
             except Exception as e:  # disk full, permissions, unpicklable extra...
@@ -140,8 +140,8 @@ class Resumer:
         return checkpoint.state_of(value)
 
     def load(self, path: str, **targets: Any) -> dict[str, Any]:
-        """Load ``path`` (on every rank, onto the ring's device) into ``targets``; return the other entries."""
-        ckpt = checkpoint.read(path, self.strategy.device)
+        """Load ``path`` (on every rank) into ``targets``; return the other entries, on the ring's device."""
+        ckpt = checkpoint.read(path)  # to the CPU; load_state_dict copies to the parameters' device
         modules = [name for name, t in targets.items() if isinstance(t, nn.Module)]
         if checkpoint.META_KEY not in ckpt and checkpoint.is_plain_state_dict(ckpt) and len(modules) == 1:
             ckpt = {modules[0]: ckpt}
@@ -166,7 +166,7 @@ class Resumer:
         meta = ckpt.get(checkpoint.META_KEY)
         if isinstance(meta, dict):
             self._restore_meta(meta)
-        return {k: v for k, v in ckpt.items() if k not in targets and k != checkpoint.META_KEY}
+        return {k: move_to_device(v, self.strategy.device) for k, v in ckpt.items() if k not in targets and k != checkpoint.META_KEY}
 
     def _restore_meta(self, meta: dict[str, Any]) -> None:
         # RNG streams are per rank: restored only when the world has the same size.

@@ -92,6 +92,7 @@ class Ring:
         self.sync_batchnorm = sync_batchnorm
         configure_kernels(deterministic, cudnn_benchmark)
         if checkpoints is not None and self.is_main:
+            checkpoints.check_writable()  # a folder that cannot take a checkpoint is named now, not at step N
             checkpoints.prepare()
         self._models: list[nn.Module] = []
         self._optimizers: list[torch.optim.Optimizer] = []

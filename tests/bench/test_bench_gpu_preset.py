@@ -30,6 +30,32 @@ def test_preset_code_path_runs_on_cpu_ranks(tmp_path):
     assert open(png, "rb").read(4) == b"\x89PNG"
 
 
+def _compiled_modules() -> list[str]:
+    """On each rank (as preset_worker does): both --compile loops; what each compiled module wraps."""
+    import os
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    loops = [gpu.Loop(impl, "bf16-mixed", True, True, torch.device("cpu"), int(os.environ["WORLD_SIZE"]), width=4)
+             for impl in ("ringtrain", "raw")]
+    wrapped = [type(loop.model).__name__ + "(" + type(loop.model._orig_mod).__name__ + ")" for loop in loops]
+    for loop in loops:
+        loop.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return wrapped
+
+
+@pytest.mark.timeout(150)
+def test_compile_rows_compile_the_ddp_wrapped_module_in_both_loops(run_ranks):
+    # Like with like: ringtrain's row once measured DDP(compile(m)) and the raw row compile(DDP(m)).
+    # Compiling is lazy, so this builds the loops only (no C++ compile on the CPU).
+    for wrapped in run_ranks(_compiled_modules):
+        assert wrapped == ["OptimizedModule(DistributedDataParallel)"] * 2
+
+
 def test_flops_per_image_is_counted_not_guessed():
     # CIFAR ResNet-18: 0.56 G multiply-adds forward = 1.11 GFLOP; training (forward + backward) ~3x.
     assert gpu.train_flops_per_image() == pytest.approx(3.33e9, rel=0.01)

@@ -168,3 +168,25 @@ def test_a_launch_that_dies_before_any_run_is_an_error(monkeypatch, tmp_path):
     monkeypatch.setattr(ringtrain, "launch", fake_launch)
     with pytest.raises(RingtrainError, match="exited"):
         runner.run(runner.Config(workload="mlp", modes=["ddp"], nprocs=[2], quick=True), str(tmp_path))
+
+
+def test_a_rank_synchronizes_only_the_gpus_its_mode_runs_on(monkeypatch):
+    # Four GPUs, simulated: the CUDA queries are replaced (no GPU here). A ddp rank on cuda:1
+    # waits for cuda:1 only; dp's one process waits for the GPUs its replicas run on.
+    from types import SimpleNamespace
+
+    from ringtrain import environments
+    from ringtrain.bench.runner import cuda_devices_of
+    from ringtrain.strategies.dp import DataParallelStrategy
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    cuda = lambda i: torch.device("cuda", i)  # noqa: E731
+    dp = DataParallelStrategy(environments.detect({}, []))
+    raw_ddp = SimpleNamespace(device=cuda(1))
+    ring_ddp = SimpleNamespace(device=cuda(1), ring=SimpleNamespace(strategy=SimpleNamespace(device_ids=[0, 1, 2, 3])))
+    ring_dp = SimpleNamespace(device=cuda(0), ring=SimpleNamespace(strategy=dp))
+    assert cuda_devices_of(raw_ddp) == [cuda(1)]
+    assert cuda_devices_of(ring_ddp) == [cuda(1)]  # only dp's replicas span several GPUs
+    assert cuda_devices_of(ring_dp) == [cuda(0), cuda(1), cuda(2), cuda(3)]
+    assert cuda_devices_of(SimpleNamespace(device=torch.device("cpu"))) == []

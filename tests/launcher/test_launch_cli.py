@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -88,3 +89,15 @@ def test_env_reports_versions_and_backends():
     assert torch.__version__ in proc.stdout
     assert "gloo" in proc.stdout
     assert "detected environment" in proc.stdout
+
+
+@pytest.mark.parametrize("with_main", [False, True])
+def test_a_folder_as_the_script_exits_2_with_a_hint(tmp_path, capsys, with_main):
+    folder = tmp_path / "project"
+    write(folder / "train.py", ALLREDUCE)
+    if with_main:
+        write(folder / "__main__.py", ALLREDUCE)
+    assert run.main(["--nproc-per-node", "2", str(folder) + os.sep]) == 2
+    err = capsys.readouterr().err
+    assert "is a folder" in err and "HINT:" in err, err
+    assert ("__main__.py" in err) == with_main, err

@@ -97,3 +97,26 @@ def test_launch_has_no_time_limit_by_default():
     import inspect
 
     assert inspect.signature(ringtrain.launch).parameters["timeout"].default is None
+
+
+@pytest.mark.timeout(120)
+def test_fork_guard_never_asks_whether_cuda_is_available(monkeypatch):
+    # torch.cuda.is_available() initializes the CUDA driver in the parent, which is what
+    # breaks forked children on a GPU machine: the guard may only ask is_initialized().
+    import torch
+
+    parent, asked = os.getpid(), []
+
+    def is_available() -> bool:  # the CUDA query, replaced: records calls made in this process
+        if os.getpid() == parent:
+            asked.append(True)
+        return False
+
+    monkeypatch.setattr(torch.cuda, "is_available", is_available)
+    out = ringtrain.launch(_launch_workers.all_reduce_rank, 2, args=(1.0,), start_method="fork")
+    assert [r["sum"] for r in out] == [3.0, 3.0]
+    assert asked == [], "launch(start_method='fork') called torch.cuda.is_available() in the parent"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(RingtrainError, match="CUDA is already initialized") as info:
+        ringtrain.launch(_launch_workers.all_reduce_rank, 2, args=(1.0,), start_method="fork")
+    assert "HINT:" in str(info.value) and asked == []

@@ -67,3 +67,31 @@ def test_fp16_scaler_on_cuda_skips_inf_steps():
     next(model.parameters()).grad[0, 0] = float("inf")
     optimizer.step()
     assert torch.equal(before, jobs.flat_params(model))
+
+
+def _bn_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def test_dp_over_several_gpus_refuses_sync_batchnorm(monkeypatch):
+    # Two GPUs, simulated: the CUDA queries the strategy asks are replaced (no GPU here).
+    from ringtrain import environments
+    from ringtrain.strategies.dp import DataParallelStrategy
+    from ringtrain.syncbn import convert_sync_batchnorm
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    strategy = DataParallelStrategy(environments.detect({}, []))
+    assert strategy.device_ids == [0, 1]
+    for synced in (convert_sync_batchnorm(_bn_model()), nn.SyncBatchNorm.convert_sync_batchnorm(_bn_model())):
+        with pytest.raises(rt.RingtrainError, match=r"strategy='dp' cannot synchronise BatchNorm .* at 1\)") as info:
+            strategy.wrap_module(synced)
+        assert "HINT: use strategy='ddp'" in str(info.value)
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_dp_sync_batchnorm_is_refused_at_setup():
+    ring = rt.Ring(strategy="dp", sync_batchnorm=True)
+    with pytest.raises(rt.RingtrainError, match="DataParallel keeps per-GPU statistics"):
+        ring.setup(_bn_model())

@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..errors import RingtrainError
+from ..precision import bf16_problem
 from .workloads import _resnet18
 
 # Dense (no sparsity) bf16 tensor-core peak, TFLOP/s, from the vendors' data sheets; first match wins.
@@ -95,11 +96,7 @@ class Loop:
         if impl == "ringtrain":
             with contextlib.redirect_stdout(io.StringIO()):
                 self.ring = rt.Ring(precision=precision, seed=0, device=device.type)
-            # Compiled before setup: the Ring's autocast runs in forward hooks, which torch.compile
-            # cannot trace when they sit inside the compiled module (it fails or drops autocast);
-            # outside it they run eagerly and the compiled graph is specialised to autocast on.
-            model, optimizer = self.ring.setup(torch.compile(model) if compiled else model, optimizer)
-            compiled = False
+            model, optimizer = self.ring.setup(model, optimizer)
         else:
             model = model.to(device)
             if world > 1:
@@ -107,6 +104,8 @@ class Loop:
             dtype = {"32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}[precision]
             self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
             self.scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
+        # Both rows compile the module as it is trained, DDP-wrapped when W > 1 (torch's
+        # recommended order): like with like. The Ring's autocast hooks stay outside the graph.
         self.model = torch.compile(model) if compiled else model
         self.optimizer = optimizer
 
@@ -181,8 +180,9 @@ def preset_worker(opts: dict) -> dict | None:
     for precision, channels_last, compiled in configs:
         loops, times, peaks, errors = {}, {"ringtrain": [], "raw": []}, {"ringtrain": 0.0, "raw": 0.0}, {}
         for impl in ("ringtrain", "raw"):
-            if cuda and precision == "bf16-mixed" and not torch.cuda.is_bf16_supported():
-                errors[impl] = f"SKIPPED: {name} has no bfloat16 (pre-Ampere)"
+            problem = bf16_problem(device) if precision == "bf16-mixed" else None  # after set_device, this GPU
+            if problem:
+                errors[impl] = f"SKIPPED: {problem}"
                 continue
             try:
                 loops[impl] = Loop(impl, precision, channels_last, compiled, device, world, opts.get("width", 64))

@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 import ringtrain as rt
 
 from ..errors import RingtrainError
+from ..precision import bf16_problem
 from .workloads import NO_PIPELINE, Workload
 
 MODES = ("single", "dp", "ddp", "ddp+accumulate", "hvd", "hvd+fp16", "pipeline", "raw-ddp")
@@ -245,8 +246,9 @@ def make_trainer(mode: str, wl: Workload, precision: str, device: str, accumulat
 
 def precision_problem(precision: str, device: torch.device) -> str | None:
     """Why ``precision`` cannot run on ``device``, or None. Checked in the ranks: asking needs CUDA initialised."""
-    if device.type == "cuda" and precision == "bf16-mixed" and not torch.cuda.is_bf16_supported():
-        return f"{torch.cuda.get_device_name(device)} has no bfloat16 support (pre-Ampere)"
+    problem = bf16_problem(device) if precision == "bf16-mixed" else None
+    if problem:
+        return problem
     if precision != "32" and not torch.amp.is_autocast_available(device.type):
         return f"this torch build has no autocast for {device.type}"
     return None

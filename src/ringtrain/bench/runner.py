@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import RingtrainError
+from ..strategies.dp import DataParallelStrategy
 from . import workloads
 from .modes import MODES, Skip, make_trainer, precision_problem, static_skip
 
@@ -92,7 +93,11 @@ def _run_once(mode: str, wl: workloads.Workload, precision: str, cfg: Config, ti
     device = _device(cfg)
     resettable = _reset_peak_memory(device)
     trainer = make_trainer(mode, wl, precision, cfg.device, cfg.accumulate)
-    sync = _synchronize if device.type == "cuda" else (lambda: None)
+    gpus = cuda_devices_of(trainer)
+
+    def sync() -> None:
+        for gpu in gpus:
+            torch.cuda.synchronize(gpu)
     spe = len(wl.train) // wl.global_batch
     batches = trainer.batches(math.ceil((cfg.warmup + timed) / spe))
     steps = 0
@@ -143,10 +148,19 @@ def _run_once(mode: str, wl: workloads.Workload, precision: str, cfg: Config, ti
     }
 
 
-def _synchronize() -> None:
-    """Wait for every GPU of this process (dp's replicas run on all of them), so timers see finished work."""
-    for index in range(torch.cuda.device_count()):
-        torch.cuda.synchronize(index)
+def cuda_devices_of(trainer: Any) -> list[torch.device]:
+    """The GPUs this rank's run computes on, to wait for before reading a timer: dp's
+    replicas span its strategy's devices, every other mode runs on the trainer's one device.
+
+    Only those: synchronizing a GPU creates a CUDA context on it (~0.5 GiB each), and
+    waiting on GPUs other ranks drive would tie this rank's timings to their work.
+    """
+    if trainer.device.type != "cuda":
+        return []
+    ring = getattr(trainer, "ring", None)  # RawDDPTrainer has none
+    if ring is not None and isinstance(ring.strategy, DataParallelStrategy) and ring.strategy.device_ids:
+        return [torch.device("cuda", index) for index in ring.strategy.device_ids]
+    return [trainer.device]
 
 
 def _device(cfg: Config) -> torch.device:

@@ -91,9 +91,15 @@ def adasum_(tensors: list[torch.Tensor], ps: ProcessSet) -> None:
     while level < n:
         partner = ps.global_rank(me ^ level)
         received = torch.empty_like(flat)
-        send = dist.isend(flat, partner, group=group)
-        dist.recv(received, partner, group=group)
-        send.wait()
+        # One batch, not isend + blocking recv: on NCCL a pair's send and receive share one
+        # stream and a send completes only when the peer's receive runs, so two ranks each
+        # sending first would wait on each other forever. A batch lets the backend post both
+        # together (NCCL groups them; Gloo just issues them, giving the same bits as before).
+        works = dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, flat, partner, group=group), dist.P2POp(dist.irecv, received, partner, group=group)]
+        )
+        for work in works:
+            work.wait()
         lower, upper = (flat, received) if me & level == 0 else (received, flat)
         flat = pair(lower, upper, sizes)
         level <<= 1

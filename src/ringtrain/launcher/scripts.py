@@ -83,7 +83,22 @@ def strip_interpreter(target: str, args: list[str], module: bool) -> tuple[str, 
 
 
 def check_script(path: str) -> str:
-    """Fail early (exit code 2) when the script to launch does not exist."""
+    """Fail early (exit code 2) when the script to launch does not exist or is a folder.
+
+    A folder would otherwise reach every worker and fail there, once per rank, with
+    runpy's ImportError ("can't find '__main__' module"). Even a folder that has a
+    ``__main__.py`` is refused: the worker puts the script's parent folder on sys.path
+    the way ``python script.py`` does, which is not what ``python DIR`` does, so the
+    user names the file (or the package, with -m) and gets exactly what they asked for.
+    """
+    if os.path.isdir(path):
+        main = os.path.join(path, "__main__.py")
+        hint = (
+            f"give the file to run: {main!r}, or run the package with -m from its parent folder."
+            if os.path.isfile(main)
+            else "give the path to the .py file to run inside it (e.g. train.py), or use -m for a module."
+        )
+        raise RingtrainError(f"training script {path!r} is a folder, not a file", hint)
     if not os.path.exists(path):
         raise RingtrainError(
             f"training script {path!r} does not exist (looked from {os.getcwd()})",

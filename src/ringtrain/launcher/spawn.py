@@ -141,8 +141,11 @@ def _check(fn: Callable, nprocs: Any, start_method: str) -> None:
 
 
 def cuda_initialized() -> bool:
-    """Has this process created a CUDA context? Asked without creating one: ``is_available()`` would
-    (it initialises CUDA state, after which forked children fail at ``set_device``)."""
+    """Has this process created a CUDA context? Asked with ``is_initialized()`` only:
+    ``is_available()`` itself initializes the CUDA driver in this process (torch documents it;
+    PYTORCH_NVML_BASED_CUDA_CHECK exists for that), after which forked children fail in
+    set_device with "Cannot re-initialize CUDA in forked subprocess" — the check would cause
+    the very failure it guards against. A process that never imported torch has no context."""
     torch = sys.modules.get("torch")
     return torch is not None and torch.cuda.is_initialized()
 

@@ -83,6 +83,21 @@ class DataParallel(Strategy):
     def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
         if len(self.device_ids) < 2:
             return module
+        from ..syncbn import SyncBatchNorm
+
+        synced = [name for name, m in module.named_modules() if isinstance(m, (SyncBatchNorm, nn.SyncBatchNorm))]
+        if synced:
+            # Refused rather than warned: DataParallel's replicas are threads of one process
+            # with no peers to exchange statistics with, so each GPU would normalise with its
+            # own slice's statistics — exactly what sync_batchnorm=True asked to avoid — and a
+            # warning scrolls away while the run trains differently from what was asked.
+            raise RingtrainError(
+                f"strategy='dp' cannot synchronise BatchNorm across its {len(self.device_ids)} GPUs "
+                f"(found SyncBatchNorm at {', '.join(n or '<model>' for n in synced[:4])}"
+                f"{' ...' if len(synced) > 4 else ''}): DataParallel keeps per-GPU statistics",
+                "use strategy='ddp' (ringtrain run --nproc-per-node N train.py) for synchronised BatchNorm, "
+                "or drop sync_batchnorm=True to train with per-GPU statistics.",
+            )
         return nn.DataParallel(module, device_ids=self.device_ids)
 
     def unwrap(self, module: nn.Module) -> nn.Module:
