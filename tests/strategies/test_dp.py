@@ -76,13 +76,17 @@ def _bn_model() -> nn.Module:
 def test_dp_over_several_gpus_refuses_sync_batchnorm(monkeypatch):
     # Two GPUs, simulated: the CUDA queries the strategy asks are replaced (no GPU here).
     from ringtrain import environments
-    from ringtrain.strategies.dp import DataParallelStrategy
+    from ringtrain.strategies import DataParallel
     from ringtrain.syncbn import convert_sync_batchnorm
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    strategy = DataParallelStrategy(environments.detect({}, []))
+    strategy = DataParallel().attach(environments.detect({}, []))
     assert strategy.device_ids == [0, 1]
+    # Ring(strategy="dp", sync_batchnorm=True) is refused before anything runs ...
+    with pytest.raises(rt.RingtrainError, match="sync_batchnorm=True with strategy='dp'"):
+        strategy.configure(sync_batchnorm=True)
+    # ... and a model converted by hand is refused when it is wrapped.
     for synced in (convert_sync_batchnorm(_bn_model()), nn.SyncBatchNorm.convert_sync_batchnorm(_bn_model())):
         with pytest.raises(rt.RingtrainError, match=r"strategy='dp' cannot synchronise BatchNorm .* at 1\)") as info:
             strategy.wrap_module(synced)
