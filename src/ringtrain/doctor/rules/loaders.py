@@ -1,0 +1,131 @@
+"""Following a DataLoader through the script: its sampler, the names it is bound to, the
+loops that iterate it (directly, through ``enumerate``/``tqdm``, through a loop name or a
+function parameter) and the epoch loop around those."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ..script import LOOP, Script, dotted, keyword
+
+# DataLoader(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None, ...)
+# DistributedSampler(dataset, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False)
+
+
+@dataclass
+class Loader:
+    call: ast.Call
+    sampler: ast.expr | None
+    samplers: list[ast.Call]  # the DistributedSampler constructions its sampler may be
+    bindings: list[ast.expr] = field(default_factory=list)  # names the loader is stored in
+
+    @property
+    def dataset(self) -> ast.expr | None:
+        return keyword(self.call, "dataset", 0)
+
+    def names(self) -> list[str]:
+        """Texts that say what the loader is for: its names, its dataset's, its sampler's."""
+        texts = [dotted(b) for b in self.bindings]
+        texts += [dotted(self.dataset), dotted(self.sampler)]
+        for s in self.samplers:
+            texts.append(dotted(keyword(s, "dataset", 0)))
+        return [t for t in texts if t]
+
+
+def sampler_calls(script: Script, expr: ast.expr | None) -> list[ast.Call]:
+    return [o for o in script.origins(expr)
+            if isinstance(o, ast.Call) and script.names.concept(o) == "DistributedSampler"]
+
+
+def loaders(script: Script) -> Iterator[Loader]:
+    for call in script.concept_calls.get("DataLoader", []):
+        sampler = keyword(call, "sampler", 3)
+        yield Loader(call, sampler, sampler_calls(script, sampler), bindings(script, call))
+
+
+def bindings(script: Script, value: ast.AST) -> list[ast.expr]:
+    """Where a value is stored: ``x = value``, or ``x = f(...)`` when ``f`` returns it."""
+    parent = script.parent.get(value)
+    if isinstance(parent, (ast.Assign, ast.AnnAssign)):
+        targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+        return [t for t in targets if isinstance(t, (ast.Name, ast.Attribute))]
+    if isinstance(parent, ast.Return):
+        found = []
+        for caller in script.callers(script.function_of(parent)):
+            found += bindings(script, caller)
+        return found
+    return []
+
+
+def _iterated(expr: ast.AST, depth: int = 3) -> Iterator[ast.AST]:
+    """The objects a ``for`` iterates: ``loader`` in ``enumerate(tqdm(loader))``."""
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        yield expr
+    elif isinstance(expr, ast.Call) and depth:
+        for arg in expr.args:
+            yield from _iterated(arg, depth - 1)
+
+
+def _refers_to(script: Script, expr: ast.AST, keys: set) -> bool:
+    if script.scope_of(expr) in keys:
+        return True
+    return any(isinstance(o, (ast.Name, ast.Attribute)) and script.scope_of(o) in keys
+               for o in script.origins(expr))
+
+
+def iteration_loops(script: Script, names: list[ast.expr], depth: int = 2) -> list[ast.AST]:
+    """``for`` loops that iterate the object stored in ``names``, also as an argument of a
+    function of this file that iterates its parameter."""
+    keys = {script.scope_of(n) for n in names} - {None}
+    if not keys:
+        return []
+    found = [node for node in ast.walk(script.tree) if isinstance(node, (ast.For, ast.AsyncFor))
+             and any(_refers_to(script, n, keys) for n in _iterated(node.iter))]
+    if depth:
+        for call in script.calls:
+            for fn in script.callees(call):
+                for param in _params_receiving(script, call, fn, keys):
+                    found += iteration_loops(script, [param], depth - 1)
+    return found
+
+
+def _params_receiving(script: Script, call: ast.Call, fn: ast.AST, keys: set) -> Iterator[ast.Name]:
+    params = fn.args.posonlyargs + fn.args.args
+    offset = 1 if isinstance(call.func, ast.Attribute) and params and params[0].arg in ("self", "cls") else 0
+    for i, arg in enumerate(call.args):
+        if isinstance(arg, (ast.Name, ast.Attribute)) and _refers_to(script, arg, keys) and i + offset < len(params):
+            yield from _uses_of(fn, params[i + offset].arg)
+    for kw in call.keywords:
+        if kw.arg and isinstance(kw.value, (ast.Name, ast.Attribute)) and _refers_to(script, kw.value, keys):
+            if kw.arg in {p.arg for p in params + fn.args.kwonlyargs}:
+                yield from _uses_of(fn, kw.arg)
+
+
+def _uses_of(fn: ast.AST, name: str) -> Iterator[ast.Name]:
+    """One use of parameter ``name`` inside ``fn`` (it stands for the binding in scope
+    lookups); nothing when the function never uses it."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and node.id == name:
+            yield node
+            return
+
+
+def epoch_loops(script: Script, loop: ast.AST, depth: int = 2) -> list[ast.AST]:
+    """The loops that run ``loop`` again and again: the innermost loop around it, or around
+    the calls of its function (``for epoch ...: train_one_epoch()``)."""
+    around = script.enclosing_loops(loop)
+    if around:
+        return [around[0]]
+    fn = script.function_of(loop)
+    if fn is script.tree or not depth:
+        return []
+    found = []
+    for caller in script.callers(fn):
+        found += epoch_loops(script, caller, depth - 1)
+    return found
+
+
+def is_loop(node: ast.AST) -> bool:
+    return isinstance(node, LOOP)
