@@ -200,9 +200,11 @@ def _ignored(values: list[str]) -> frozenset[str]:
     return frozenset(ids)
 
 
-def summary(findings: list[Finding], files: int) -> str:
+def summary(findings: list[Finding], files: int, unreadable: int = 0) -> str:
     counts = Counter(f.severity for f in findings)
     checked = f"{files} file{'s' if files != 1 else ''} checked"
+    if unreadable:
+        checked += f", {unreadable} not (see above)"
     if not findings:
         return f"{checked}: no findings"
     parts = ", ".join(f"{counts[s]} {s}{'s' if counts[s] != 1 else ''}" for s in SEVERITIES)
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ringtrain doctor: {e}", file=sys.stderr)
         return 2
     findings: list[Finding] = []
-    checked = 0
+    checked = unreadable = 0
     for path in ns.paths:
         try:
             files = python_files(path)
@@ -240,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             except RingtrainError as e:
                 print(f"ringtrain doctor: {e}", file=sys.stderr)
                 status = 2
+                unreadable += 1
                 continue
             checked += 1
             findings += found
@@ -248,9 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(finding.text())
     if ns.format == "json":
         print(json.dumps([f.to_json() for f in findings], indent=2, ensure_ascii=False))
-        print(summary(findings, checked), file=sys.stderr)
+        print(summary(findings, checked, unreadable), file=sys.stderr)
     else:
-        print(summary(findings, checked))
+        print(summary(findings, checked, unreadable))
     if status:
         return status
     return 1 if findings else 0

@@ -107,12 +107,12 @@ def canonical(path: str) -> str:
 class Names:
     """Dotted import paths for the names a module binds by import or plain alias."""
 
-    def __init__(self, tree: ast.Module):
+    def __init__(self, tree: ast.Module, nodes: list[ast.AST] | None = None):
         self.bound: dict[str, str] = {}
         self.star: list[str] = []
         self.assigned: set[str] = set()  # names bound some other way: never read as CUSTOMARY
         aliases: list[tuple[str, ast.expr]] = []
-        for node in ast.walk(tree):
+        for node in nodes if nodes is not None else ast.walk(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.asname:

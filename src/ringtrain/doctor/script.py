@@ -9,117 +9,17 @@ because rules only report what it can justify, and skip what it cannot see.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 
 from .names import Names
+from .nodes import callee_name, dotted, identifiers, iterated, position
+from .ranks import decorator_guards
 
 FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 LOOP = (ast.For, ast.AsyncFor, ast.While)
-
-# Identifiers that name "which process am I": rank, local_rank, get_rank, is_main_process,
-# is_master, global_zero (Lightning), ...
-_RANKISH = re.compile(r"rank|(^|_)(main|master|primary|chief|leader|root)(_|$)|global_zero|rank_zero")
-# Identifiers that, compared with 0, pick one process in scripts that call the rank "gpu"
-# (pytorch/examples: `if self.gpu_id == 0`, `args.gpu == 0`).
-_DEVICEISH = re.compile(r"rank|gpu|device|proc|worker|node|local|(^|_)id$|(^|_)idx$")
-# A flag or predicate true on the main process only: is_main_process, args.is_master, trainer.is_global_zero.
-_MAIN_FLAG = re.compile(r"^(is_)?((main|master|primary|chief|leader|root)(_process|_proc|_rank|_worker|_node)?"
-                        r"|global_zero|rank_?zero|rank_?0)$")
-_EVALISH = re.compile(r"(^|_)(val|valid|validation|test|testing|eval|evaluation|evaluate|holdout|dev)(_|$|set|data|ds|loader|sampler)",
-                      re.IGNORECASE)
-
-
-def dotted(expr: ast.AST) -> str | None:
-    """``self.model`` for ``self.model``; None for anything but names and attribute chains."""
-    if isinstance(expr, ast.Name):
-        return expr.id
-    if isinstance(expr, ast.Attribute):
-        base = dotted(expr.value)
-        return None if base is None else f"{base}.{expr.attr}"
-    return None
-
-
-def identifiers(expr: ast.AST) -> Iterator[str]:
-    """Every name and attribute name inside an expression."""
-    for node in ast.walk(expr):
-        if isinstance(node, ast.Name):
-            yield node.id
-        elif isinstance(node, ast.Attribute):
-            yield node.attr
-
-
-def callee_name(call: ast.Call) -> str | None:
-    """``step`` for ``optimizer.step()``, ``train`` for ``train(...)``."""
-    if isinstance(call.func, ast.Name):
-        return call.func.id
-    if isinstance(call.func, ast.Attribute):
-        return call.func.attr
-    return None
-
-
-def keyword(call: ast.Call, name: str, position: int | None = None) -> ast.expr | None:
-    """The argument passed as ``name=`` (or at ``position``), or None."""
-    for kw in call.keywords:
-        if kw.arg == name:
-            return kw.value
-    if position is not None and len(call.args) > position and not any(
-            isinstance(a, ast.Starred) for a in call.args[:position + 1]):
-        return call.args[position]
-    return None
-
-
-def is_const(expr: ast.AST | None, value) -> bool:
-    return isinstance(expr, ast.Constant) and type(expr.value) is type(value) and expr.value == value
-
-
-def is_evalish(text: str | None) -> bool:
-    return bool(text) and bool(_EVALISH.search(text.split(".")[-1]))
-
-
-def _tokens_match(expr: ast.AST, pattern: re.Pattern) -> bool:
-    return any(pattern.search(name.lower()) for name in identifiers(expr))
-
-
-def _zero_in(expr: ast.AST) -> bool:
-    if is_const(expr, 0):
-        return True
-    return isinstance(expr, (ast.List, ast.Tuple, ast.Set)) and any(is_const(e, 0) for e in expr.elts)
-
-
-def singles_out_one_rank(test: ast.AST) -> bool:
-    """A test true on one process (or one per node): ``rank == 0``, ``local_rank in (-1, 0)``,
-    ``args.rank % ngpus == 0``, ``is_main_process()``, ``not rank``; strict, for rules
-    that report what happens on the other ranks."""
-    if isinstance(test, ast.BoolOp):
-        return any(singles_out_one_rank(v) for v in test.values)
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        operand = test.operand
-        return singles_out_one_rank(operand) or (_tokens_match(operand, _RANKISH) and not isinstance(operand, ast.Compare))
-    if isinstance(test, ast.Compare):
-        sides = [test.left, *test.comparators]
-        if not any(_tokens_match(s, _RANKISH) for s in sides):
-            return False
-        return any(_zero_in(s) for s in sides)
-    if isinstance(test, (ast.Name, ast.Attribute, ast.Call)):
-        target = test.func if isinstance(test, ast.Call) else test
-        last = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
-        return bool(_MAIN_FLAG.match(last.lower()))
-    return False
-
-
-def mentions_a_rank(test: ast.AST) -> bool:
-    """Lenient: any test that looks like it depends on which process runs it. Used where a
-    guard means "not every rank does this" and over-reading it only hides findings."""
-    if _tokens_match(test, _RANKISH) or singles_out_one_rank(test):
-        return True
-    for node in ast.walk(test):
-        if isinstance(node, ast.Compare):
-            sides = [node.left, *node.comparators]
-            if any(_zero_in(s) for s in sides) and any(_tokens_match(s, _DEVICEISH) for s in sides):
-                return True
-    return False
 
 
 class Script:
@@ -129,13 +29,17 @@ class Script:
         self.path = path
         self.source = source
         self.tree = tree
-        self.names = Names(tree)
         self.parent: dict[ast.AST, ast.AST] = {}
         self.calls: list[ast.Call] = []
         self.defs: dict[str, list[ast.AST]] = defaultdict(list)  # function or class name -> defs
         self._callers: dict[str, list[ast.Call]] = defaultdict(list)
         self.concept_calls: dict[str, list[ast.Call]] = defaultdict(list)
-        for node in ast.walk(tree):
+        self.loops: list[ast.AST] = []  # every for/while, in walk order
+        self.nodes: list[ast.AST] = list(ast.walk(tree))  # rules scan this list, not the tree again
+        self._scopes: dict[ast.AST, tuple[ast.AST, str] | None] = {}
+        self._aliases: dict[tuple[ast.AST, int], set] = {}
+        self.names = Names(tree, self.nodes)
+        for node in self.nodes:
             for child in ast.iter_child_nodes(node):
                 self.parent[child] = node
             if isinstance(node, ast.Call):
@@ -148,8 +52,10 @@ class Script:
                     self.concept_calls[concept].append(node)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 self.defs[node.name].append(node)
-        self.calls.sort(key=_position)
-        self._locals = {fn: _bound_names(fn) for fn in ast.walk(tree) if isinstance(fn, FUNCTION)}
+            elif isinstance(node, LOOP):
+                self.loops.append(node)
+        self.calls.sort(key=position)
+        self._locals = {fn: _bound_names(fn) for fn in self.nodes if isinstance(fn, FUNCTION)}
         self.assignments: dict[tuple[ast.AST, str], list[tuple[ast.AST, ast.expr | None]]] = defaultdict(list)
         self._index_assignments()
 
@@ -206,9 +112,33 @@ class Script:
             return []
         return [c for c in self._callers.get(fn.name, []) if not self.inside(c, fn)]
 
+    @functools.cached_property
+    def loops_over(self) -> dict[tuple[ast.AST, str], list[ast.AST]]:
+        """Binding -> the ``for`` loops that iterate it (``for x in loader``, ``enumerate(tqdm(loader))``,
+        through aliases and loop names)."""
+        index: dict[tuple[ast.AST, str], list[ast.AST]] = defaultdict(list)
+        for loop in self.loops:
+            if isinstance(loop, (ast.For, ast.AsyncFor)):
+                for name in iterated(loop.iter):
+                    for key in self.aliases(name):
+                        index[key].append(loop)
+        return index
+
+    @functools.cached_property
+    def passed_to(self) -> dict[tuple[ast.AST, str], list[tuple[ast.Call, ast.expr]]]:
+        """Binding -> the calls that pass it as an argument, with the argument."""
+        index: dict[tuple[ast.AST, str], list[tuple[ast.Call, ast.expr]]] = defaultdict(list)
+        for call in self.calls:
+            for arg in (*call.args, *(k.value for k in call.keywords)):
+                if isinstance(arg, (ast.Name, ast.Attribute)):
+                    for key in self.aliases(arg):
+                        index[key].append((call, arg))
+        return index
+
     def callees(self, call: ast.Call) -> list[ast.AST]:
+        """The ``def``s of this file a call may run (matched by name)."""
         name = callee_name(call)
-        return [d for d in self.defs.get(name, []) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))] if name else []
+        return [d for d in self.defs.get(name, ()) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))] if name else []
 
     def calls_in(self, node: ast.AST, depth: int = 2) -> Iterator[ast.Call]:
         """Calls inside ``node``, and inside the functions of this file it calls (``depth`` levels)."""
@@ -242,7 +172,7 @@ class Script:
         fn = self.function_of(node)
         if fn is self.tree:
             return False
-        if any(_decorator_guards(d) for d in getattr(fn, "decorator_list", [])):
+        if any(decorator_guards(d) for d in getattr(fn, "decorator_list", [])):
             return True
         if depth == 0:
             return None
@@ -277,6 +207,11 @@ class Script:
         ``self.x`` belongs to its class; other chains to the scope of their first name,
         which is the innermost function binding it (closures included) or the module.
         """
+        if expr not in self._scopes:
+            self._scopes[expr] = self._scope_of(expr)
+        return self._scopes[expr]
+
+    def _scope_of(self, expr: ast.AST) -> tuple[ast.AST, str] | None:
         text = dotted(expr)
         if text is None:
             return None
@@ -299,7 +234,7 @@ class Script:
             return []
         found = self.assignments.get(key, [])
         if before is not None:
-            found = [(s, v) for s, v in found if _position(s) < _position(before)]
+            found = [(s, v) for s, v in found if position(s) < position(before)]
         return [v for _, v in found]
 
     def origins(self, expr: ast.AST | None, depth: int = 6) -> list[ast.expr | None]:
@@ -318,20 +253,29 @@ class Script:
                 return [o for v in vals for o in self.origins(v, depth - 1)]
         return [expr]
 
-    def is_concept(self, expr: ast.AST | None, concept: str) -> bool:
-        """Does ``expr`` (possibly) hold the result of a call to ``concept``?"""
-        return any(isinstance(o, ast.Call) and self.names.concept(o) == concept for o in self.origins(expr))
+    def aliases(self, expr: ast.AST, depth: int = 6) -> set[tuple[ast.AST, str]]:
+        """The bindings ``expr`` names, directly or through plain ``a = b`` assignments and
+        loop names (``for loader in (train_loader, val_loader)``)."""
+        memo = (expr, depth)
+        if memo in self._aliases:
+            return self._aliases[memo]
+        key = self.scope_of(expr)
+        if key is None:
+            return set()
+        found = {key}
+        self._aliases[memo] = found  # a cycle (a = b; b = a) stops here
+        if depth:
+            for value in self.values(expr):
+                for option in _name_options(value):
+                    found |= self.aliases(option, depth - 1)
+        return found
 
     def same_value(self, a: ast.AST, b: ast.AST) -> bool:
         """Do two names (possibly) refer to the same object, through plain assignments?"""
-        ka, kb = self.scope_of(a), self.scope_of(b)
-        if ka is None or kb is None:
+        ka, kb = self.aliases(a), self.aliases(b)
+        if not ka or not kb:
             return True  # unknown: assume the same, never report on it
-        if ka == kb:
-            return True
-        oa = {self.scope_of(o) for o in self.origins(a) if isinstance(o, (ast.Name, ast.Attribute))} | {ka}
-        ob = {self.scope_of(o) for o in self.origins(b) if isinstance(o, (ast.Name, ast.Attribute))} | {kb}
-        return bool(oa & ob) or any(o is None for o in self.values(a) + self.values(b))
+        return bool(ka & kb) or any(v is None for v in self.values(a) + self.values(b))
 
     def _bind(self, target: ast.AST, value: ast.expr | None, stmt: ast.AST) -> None:
         if isinstance(target, (ast.Tuple, ast.List)):
@@ -346,7 +290,7 @@ class Script:
                 self.assignments[key].append((stmt, value))
 
     def _index_assignments(self) -> None:
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Assign):
                 for t in node.targets:
                     self._bind(t, node.value, node)
@@ -357,8 +301,9 @@ class Script:
             elif isinstance(node, ast.NamedExpr):
                 self._bind(node.target, node.value, node)
             elif isinstance(node, (ast.For, ast.AsyncFor)):
-                # `for loader in (train_loader, val_loader)`: the loop name is each element.
-                if isinstance(node.iter, (ast.Tuple, ast.List)) and not isinstance(node.target, (ast.Tuple, ast.List)):
+                # `for loader in (train_loader, val_loader)` and `for phase, loader in [("train",
+                # train_loader), ...]`: the loop names are bound to each element in turn.
+                if isinstance(node.iter, (ast.Tuple, ast.List)) and node.iter.elts:
                     for element in node.iter.elts:
                         self._bind(node.target, element, node)
                 else:
@@ -368,7 +313,7 @@ class Script:
                     if item.optional_vars is not None:
                         self._bind(item.optional_vars, None, node)
         for entries in self.assignments.values():
-            entries.sort(key=lambda e: _position(e[0]))
+            entries.sort(key=lambda e: position(e[0]))
 
     # --- facts about the whole script ------------------------------------------------
 
@@ -382,9 +327,24 @@ class Script:
             return True
         return any(self.names.is_horovod(c.func) for c in self.calls)
 
+    def divides_batch_by_workers(self) -> bool:
+        """``batch_size = int(args.batch_size / ngpus_per_node)``: the script keeps a global
+        batch fixed by dividing it among the processes or GPUs."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)) \
+                    and any("batch" in n.lower() for n in identifiers(node.left)) \
+                    and any(re.search(r"gpu|device_count|world|size|nproc|replica|worker", n.lower())
+                            for n in identifiers(node.right)):
+                return True
+        return False
+
     def uses_cuda(self) -> bool:
         """Does anything in the script put work on a CUDA device?"""
-        for node in ast.walk(self.tree):
+        return self._uses_cuda
+
+    @functools.cached_property
+    def _uses_cuda(self) -> bool:
+        for node in self.nodes:
             if isinstance(node, ast.Attribute) and node.attr == "cuda":
                 return True
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("cuda"):
@@ -398,8 +358,15 @@ class Script:
         return False
 
 
-def _position(node: ast.AST) -> tuple[int, int]:
-    return getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
+def _name_options(value: ast.AST | None) -> list[ast.expr]:
+    """The names a value may be: ``b`` in ``a = b``, both in ``a = b if c else d``."""
+    if isinstance(value, (ast.Name, ast.Attribute)):
+        return [value]
+    if isinstance(value, ast.IfExp):
+        return _name_options(value.body) + _name_options(value.orelse)
+    if isinstance(value, ast.BoolOp):
+        return [o for v in value.values for o in _name_options(v)]
+    return []
 
 
 def _leaves(stmt: ast.stmt) -> bool:
@@ -408,12 +375,6 @@ def _leaves(stmt: ast.stmt) -> bool:
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
         return callee_name(stmt.value) in ("exit", "_exit")
     return False
-
-
-def _decorator_guards(decorator: ast.expr) -> bool:
-    """Lightning's ``@rank_zero_only`` and look-alikes."""
-    target = decorator.func if isinstance(decorator, ast.Call) else decorator
-    return _tokens_match(target, re.compile(r"rank_zero|main_process|master_only|rank0|only_main"))
 
 
 def _bound_names(fn: ast.AST) -> set[str]:

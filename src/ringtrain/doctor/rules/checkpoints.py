@@ -6,7 +6,9 @@ import ast
 import re
 from collections.abc import Iterator
 
-from ..script import Script, callee_name, identifiers, keyword, mentions_a_rank, singles_out_one_rank
+from ..nodes import callee_name, identifiers, keyword
+from ..ranks import mentions_a_rank, singles_out_one_rank
+from ..script import Script
 
 _PER_RANK_PATH = re.compile(r"rank|gpu|device|proc|worker|local|pid|shard")
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..script import Script, callee_name, dotted, is_const, is_evalish, keyword
-from .loaders import Loader, epoch_loops, iteration_loops, loaders
+from ..nodes import callee_name, dotted, is_const, is_evalish, keyword
+from ..script import Script
+from .loaders import epoch_loops, iteration_loops, loaders
 
 REDUCTIONS = {"all_reduce", "allreduce", "allreduce_", "reduce", "all_gather", "allgather", "all_gather_object",
               "allgather_object", "all_gather_into_tensor", "gather", "gather_object", "gather_for_metrics",
@@ -33,10 +34,11 @@ def sampler_set_epoch(script: Script) -> Iterator[tuple]:
         if not loader.samplers or not any(_shuffles(s) for s in loader.samplers):
             continue
         evaluation = any(is_evalish(t) for t in loader.names())
+        keys = {script.scope_of(b) for b in loader.bindings}
         for loop in iteration_loops(script, loader.bindings):
             if evaluation and not _trains(script, loop):
                 continue  # the order of evaluation batches does not matter
-            for epoch in epoch_loops(script, loop):
+            for epoch in epoch_loops(script, loop, keys):
                 if id(epoch) in reported:
                     continue
                 if any(callee_name(c) == "set_epoch" for c in script.calls_in(epoch, depth=2)):

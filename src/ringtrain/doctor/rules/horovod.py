@@ -5,14 +5,16 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..script import Script, _RANKISH, callee_name, identifiers, keyword
+from ..nodes import callee_name, identifiers, keyword
+from ..ranks import RANKISH
+from ..script import Script
 
 
 def _seeded_alike(script: Script) -> bool:
     """``torch.manual_seed(args.seed)`` with no rank in it: every rank builds the same weights."""
     for call in script.calls:
         if callee_name(call) in ("manual_seed", "seed_everything", "set_seed") and call.args:
-            if not any(_RANKISH.search(n.lower()) for a in call.args for n in identifiers(a)):
+            if not any(RANKISH.search(n.lower()) for a in call.args for n in identifiers(a)):
                 return True
     return False
 
@@ -50,7 +52,9 @@ def hvd_lr_scale(script: Script) -> Iterator[tuple]:
     wraps = script.concept_calls.get("hvd.DistributedOptimizer", [])
     if not wraps or any(callee_name(c) == "scale_lr" for c in script.calls):
         return
-    for node in ast.walk(script.tree):
+    if script.divides_batch_by_workers():
+        return  # the global batch stays what it was: so may the learning rate
+    for node in script.nodes:
         if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.Mult) and _mentions_size(script, node):
             return
     for wrap in wraps:

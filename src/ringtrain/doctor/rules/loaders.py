@@ -8,7 +8,8 @@ import ast
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ..script import LOOP, Script, dotted, keyword
+from ..nodes import dotted, keyword
+from ..script import Script
 
 # DataLoader(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None, ...)
 # DistributedSampler(dataset, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False)
@@ -59,35 +60,23 @@ def bindings(script: Script, value: ast.AST) -> list[ast.expr]:
     return []
 
 
-def _iterated(expr: ast.AST, depth: int = 3) -> Iterator[ast.AST]:
-    """The objects a ``for`` iterates: ``loader`` in ``enumerate(tqdm(loader))``."""
-    if isinstance(expr, (ast.Name, ast.Attribute)):
-        yield expr
-    elif isinstance(expr, ast.Call) and depth:
-        for arg in expr.args:
-            yield from _iterated(arg, depth - 1)
-
-
 def _refers_to(script: Script, expr: ast.AST, keys: set) -> bool:
-    if script.scope_of(expr) in keys:
-        return True
-    return any(isinstance(o, (ast.Name, ast.Attribute)) and script.scope_of(o) in keys
-               for o in script.origins(expr))
+    return bool(script.aliases(expr) & keys)
 
 
 def iteration_loops(script: Script, names: list[ast.expr], depth: int = 2) -> list[ast.AST]:
     """``for`` loops that iterate the object stored in ``names``, also as an argument of a
     function of this file that iterates its parameter."""
     keys = {script.scope_of(n) for n in names} - {None}
-    if not keys:
-        return []
-    found = [node for node in ast.walk(script.tree) if isinstance(node, (ast.For, ast.AsyncFor))
-             and any(_refers_to(script, n, keys) for n in _iterated(node.iter))]
+    found: list[ast.AST] = []
+    for key in keys:
+        found += [loop for loop in script.loops_over.get(key, []) if loop not in found]
     if depth:
-        for call in script.calls:
-            for fn in script.callees(call):
-                for param in _params_receiving(script, call, fn, keys):
-                    found += iteration_loops(script, [param], depth - 1)
+        for key in keys:
+            for call, _ in script.passed_to.get(key, []):
+                for fn in script.callees(call):
+                    for param in _params_receiving(script, call, fn, keys):
+                        found += [loop for loop in iteration_loops(script, [param], depth - 1) if loop not in found]
     return found
 
 
@@ -112,10 +101,13 @@ def _uses_of(fn: ast.AST, name: str) -> Iterator[ast.Name]:
             return
 
 
-def epoch_loops(script: Script, loop: ast.AST, depth: int = 2) -> list[ast.AST]:
+def epoch_loops(script: Script, loop: ast.AST, keys: set | None = None, depth: int = 2) -> list[ast.AST]:
     """The loops that run ``loop`` again and again: the innermost loop around it, or around
-    the calls of its function (``for epoch ...: train_one_epoch()``)."""
-    around = script.enclosing_loops(loop)
+    the calls of its function (``for epoch ...: train_one_epoch()``). A loop over the loaders
+    themselves (``for phase, loader in [("train", train_loader), ...]``) is not an epoch loop."""
+    around = [a for a in script.enclosing_loops(loop)
+              if not (keys and isinstance(a, (ast.For, ast.AsyncFor)) and any(
+                  _refers_to(script, n, keys) for n in ast.walk(a.iter) if isinstance(n, (ast.Name, ast.Attribute))))]
     if around:
         return [around[0]]
     fn = script.function_of(loop)
@@ -123,9 +115,5 @@ def epoch_loops(script: Script, loop: ast.AST, depth: int = 2) -> list[ast.AST]:
         return []
     found = []
     for caller in script.callers(fn):
-        found += epoch_loops(script, caller, depth - 1)
+        found += epoch_loops(script, caller, None, depth - 1)
     return found
-
-
-def is_loop(node: ast.AST) -> bool:
-    return isinstance(node, LOOP)

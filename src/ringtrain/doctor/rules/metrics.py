@@ -5,7 +5,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..script import Script, _position, callee_name, dotted, is_evalish
+from ..nodes import callee_name, dotted, is_evalish, position
+from ..script import Script
 from .data import REDUCTIONS, _trains
 from .loaders import bindings, iteration_loops, loaders
 
@@ -24,7 +25,7 @@ def _derived(script: Script, fn: ast.AST, keys: set, after: ast.AST) -> set:
     keys = set(keys)
     for _ in range(2):
         for node in ast.walk(fn):
-            if isinstance(node, (ast.Assign, ast.AugAssign)) and _position(node) > _position(after):
+            if isinstance(node, (ast.Assign, ast.AugAssign)) and position(node) > position(after):
                 value = node.value
                 if _refs(script, value, keys):
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -35,7 +36,7 @@ def _derived(script: Script, fn: ast.AST, keys: set, after: ast.AST) -> set:
 def _prints(script: Script, fn: ast.AST, keys: set, after: ast.AST, depth: int = 1) -> Iterator[tuple[ast.Call, str]]:
     keys = _derived(script, fn, keys, after)
     for call in script.calls:
-        if _position(call) > _position(after) and callee_name(call) in PRINTERS and script.function_of(call) is fn:
+        if position(call) > position(after) and callee_name(call) in PRINTERS and script.function_of(call) is fn:
             names = [n for a in [*call.args, *(k.value for k in call.keywords)] for n in _refs(script, a, keys)]
             if names:
                 yield call, ", ".join(f"`{n}`" for n in dict.fromkeys(names))

@@ -6,7 +6,8 @@ import ast
 import re
 from collections.abc import Iterator
 
-from ..script import Script, _position, callee_name, dotted, identifiers, is_const, keyword
+from ..nodes import callee_name, dotted, identifiers, is_const, keyword, position
+from ..script import Script
 from .process_group import nccl_inits
 
 MOVERS = {"to", "cuda", "to_empty", "xpu"}
@@ -73,14 +74,14 @@ def _moved_before(script: Script, module: ast.AST, at: ast.AST, depth: int = 4) 
     if key is None:
         return None
     earlier = [(stmt, value) for stmt, value in script.assignments.get(key, [])
-               if _position(stmt) < _position(at) and not script.inside(at, stmt)]
+               if position(stmt) < position(at) and not script.inside(at, stmt)]
     if not earlier:
         return None  # a parameter or a global set elsewhere
     stmt, value = earlier[-1]
     if script.function_of(stmt) is not script.function_of(at) and script.function_of(at) is not script.tree:
         return None
     for call in script.calls:
-        if _position(stmt) < _position(call) < _position(at) and _moves(call) \
+        if position(stmt) < position(call) < position(at) and _moves(call) \
                 and script.scope_of(call.func.value) == key:
             return True
     if value is None or isinstance(value, ast.Constant):
@@ -98,7 +99,7 @@ def _default_device_changed(script: Script) -> bool:
     for call in script.calls:
         if callee_name(call) == "set_default_device":
             return True
-    for node in ast.walk(script.tree):
+    for node in script.nodes:
         if isinstance(node, (ast.With, ast.AsyncWith)):
             for item in node.items:
                 if "device" in {n.lower() for n in identifiers(item.context_expr)}:
@@ -137,7 +138,7 @@ def syncbn_after_ddp(script: Script) -> Iterator[tuple]:
             continue
         inner = arg.value if isinstance(arg, ast.Attribute) and arg.attr == "module" else None
         for wrap in script.concept_calls.get("DDP", []):
-            if script.function_of(wrap) is not script.function_of(conv) or _position(wrap) >= _position(conv):
+            if script.function_of(wrap) is not script.function_of(conv) or position(wrap) >= position(conv):
                 continue
             if _exclusive(script, wrap, conv):
                 continue
@@ -209,11 +210,11 @@ def _skips_unless_modulo(script: Script, step: ast.Call, loop: ast.AST) -> bool:
 def accumulate_no_sync(script: Script) -> Iterator[tuple]:
     if not script.has_concept("DDP"):
         return
-    for node in ast.walk(script.tree):
+    for node in script.nodes:
         if isinstance(node, ast.Attribute) and node.attr in ("no_sync", "require_backward_grad_sync"):
             return  # the script manages DDP's synchronisation itself
     reported: set[int] = set()
-    for loop in ast.walk(script.tree):
+    for loop in script.nodes:
         if not isinstance(loop, (ast.For, ast.AsyncFor, ast.While)):
             continue
         body_calls = [c for stmt in loop.body for c in ast.walk(stmt) if isinstance(c, ast.Call)]
@@ -243,12 +244,8 @@ def dataparallel_batch(script: Script) -> Iterator[tuple]:
     wraps = script.concept_calls.get("DP", [])
     if not wraps:
         return
-    for node in ast.walk(script.tree):
-        # `batch_size = int(batch_size / ngpus_per_node)`: the author already converts between the two
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)) \
-                and any("batch" in n.lower() for n in identifiers(node.left)) \
-                and any(re.search(r"gpu|device_count|world|size|nproc|replica", n.lower()) for n in identifiers(node.right)):
-            return
+    if script.divides_batch_by_workers():
+        return  # the author already converts between the two meanings
     wrap = wraps[0]
     yield (wrap,
            "nn.DataParallel splits each batch across the visible GPUs: the DataLoader's batch_size is the global "

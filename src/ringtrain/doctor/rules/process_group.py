@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..script import Script, callee_name, is_const, keyword, singles_out_one_rank
+from ..nodes import callee_name, is_const, keyword
+from ..ranks import singles_out_one_rank
+from ..script import Script
 
 
 def _flags(call: ast.Call) -> list[str]:
@@ -56,7 +58,7 @@ def _pins_a_device(script: Script) -> bool:
     for call in script.calls:
         if callee_name(call) in ("set_device", "set_device_index"):  # through an alias we cannot resolve
             return True
-    for node in ast.walk(script.tree):
+    for node in script.nodes:
         # os.environ["CUDA_VISIBLE_DEVICES"] = str(local_rank): each process sees only its GPU
         if isinstance(node, ast.Assign) and not isinstance(node.value, ast.Constant):
             for t in node.targets:
