@@ -136,9 +136,15 @@ class Script:
         return index
 
     def callees(self, call: ast.Call) -> list[ast.AST]:
-        """The ``def``s of this file a call may run (matched by name)."""
-        name = callee_name(call)
-        return [d for d in self.defs.get(name, ()) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))] if name else []
+        """The ``def``s of this file a call may run (matched by name; a class's ``__init__``)."""
+        found = []
+        for d in self.defs.get(callee_name(call) or "", ()):
+            if isinstance(d, ast.ClassDef):
+                found += [m for m in d.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                          and m.name == "__init__"]
+            else:
+                found.append(d)
+        return found
 
     def calls_in(self, node: ast.AST, depth: int = 2) -> Iterator[ast.Call]:
         """Calls inside ``node``, and inside the functions of this file it calls (``depth`` levels)."""

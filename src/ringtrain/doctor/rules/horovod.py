@@ -10,6 +10,11 @@ from ..ranks import RANKISH
 from ..script import Script
 
 
+# Calls that can carry the model's weights from rank 0 (broadcast_optimizer_state cannot).
+BROADCASTS_WEIGHTS = {"broadcast_parameters", "broadcast_variables", "broadcast_object", "broadcast", "broadcast_",
+                      "broadcast_module"}
+
+
 def _seeded_alike(script: Script) -> bool:
     """``torch.manual_seed(args.seed)`` with no rank in it: every rank builds the same weights."""
     for call in script.calls:
@@ -23,7 +28,7 @@ def hvd_broadcast(script: Script) -> Iterator[tuple]:
     wraps = script.concept_calls.get("hvd.DistributedOptimizer", [])
     if not wraps:
         return
-    if any((callee_name(c) or "").startswith("broadcast") for c in script.calls) or _seeded_alike(script):
+    if any(callee_name(c) in BROADCASTS_WEIGHTS for c in script.calls) or _seeded_alike(script):
         return
     yield (wraps[0],
            "hvd.DistributedOptimizer without hvd.broadcast_parameters: each process starts from its own random "

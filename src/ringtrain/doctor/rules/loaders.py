@@ -57,6 +57,14 @@ def bindings(script: Script, value: ast.AST) -> list[ast.expr]:
         for caller in script.callers(script.function_of(parent)):
             found += bindings(script, caller)
         return found
+    if isinstance(parent, ast.keyword):
+        parent = script.parent.get(parent)
+    if isinstance(parent, ast.Call) and value is not parent.func:
+        # `Trainer(model, prepare_dataloader(...))`: the parameter that receives it
+        found = []
+        for fn in script.callees(parent):
+            found += _params_receiving(script, parent, fn, value)
+        return found
     return []
 
 
@@ -80,16 +88,23 @@ def iteration_loops(script: Script, names: list[ast.expr], depth: int = 2) -> li
     return found
 
 
-def _params_receiving(script: Script, call: ast.Call, fn: ast.AST, keys: set) -> Iterator[ast.Name]:
+def _params_receiving(script: Script, call: ast.Call, fn: ast.AST, what: set | ast.AST) -> Iterator[ast.Name]:
+    """Uses, inside ``fn``, of the parameters that receive ``what`` from ``call``: an argument
+    node, or any argument bound to one of the keys ``what``."""
+    def matches(arg: ast.AST) -> bool:
+        if isinstance(what, set):
+            return isinstance(arg, (ast.Name, ast.Attribute)) and _refers_to(script, arg, what)
+        return arg is what
+
     params = fn.args.posonlyargs + fn.args.args
-    offset = 1 if isinstance(call.func, ast.Attribute) and params and params[0].arg in ("self", "cls") else 0
+    offset = 1 if (isinstance(call.func, ast.Attribute) or fn.name == "__init__") and params \
+        and params[0].arg in ("self", "cls") else 0
     for i, arg in enumerate(call.args):
-        if isinstance(arg, (ast.Name, ast.Attribute)) and _refers_to(script, arg, keys) and i + offset < len(params):
+        if matches(arg) and i + offset < len(params):
             yield from _uses_of(fn, params[i + offset].arg)
     for kw in call.keywords:
-        if kw.arg and isinstance(kw.value, (ast.Name, ast.Attribute)) and _refers_to(script, kw.value, keys):
-            if kw.arg in {p.arg for p in params + fn.args.kwonlyargs}:
-                yield from _uses_of(fn, kw.arg)
+        if kw.arg and matches(kw.value) and kw.arg in {p.arg for p in params + fn.args.kwonlyargs}:
+            yield from _uses_of(fn, kw.arg)
 
 
 def _uses_of(fn: ast.AST, name: str) -> Iterator[ast.Name]:

@@ -187,11 +187,23 @@ def _optimizer_step(script: Script, call: ast.Call) -> bool:
                for o in script.origins(call.func.value))
 
 
+def _counts_modulo(script: Script, test: ast.AST) -> bool:
+    """``(i + 1) % k == 0``, also through a name: ``boundary = (i + 1) % k == 0; if boundary:``."""
+    for node in ast.walk(test):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+            return True
+        if isinstance(node, ast.Name) and any(
+                v is not None and any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(v))
+                for v in script.values(node)):
+            return True
+    return False
+
+
 def _under_modulo_if(script: Script, node: ast.AST, loop: ast.AST) -> bool:
     for branch, _ in script.branches_around(node):
         if not script.inside(branch, loop):
             return False
-        if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(branch.test)):
+        if _counts_modulo(script, branch.test):
             return True
     return False
 
@@ -201,8 +213,7 @@ def _skips_unless_modulo(script: Script, step: ast.Call, loop: ast.AST) -> bool:
     for stmt in loop.body:
         if stmt.lineno >= step.lineno:
             break
-        if isinstance(stmt, ast.If) and isinstance(stmt.body[-1], ast.Continue) and any(
-                isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(stmt.test)):
+        if isinstance(stmt, ast.If) and isinstance(stmt.body[-1], ast.Continue) and _counts_modulo(script, stmt.test):
             return True
     return False
 
