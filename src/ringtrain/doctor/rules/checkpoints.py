@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from ..nodes import callee_name, identifiers, keyword
 from ..ranks import mentions_a_rank, singles_out_one_rank
 from ..script import Script
+from .loaders import bindings
 
 _PER_RANK_PATH = re.compile(r"rank|gpu|device|proc|worker|local|pid|shard")
 
@@ -53,12 +54,29 @@ def load_map_location(script: Script) -> Iterator[tuple]:
             continue  # `if gpu is None: torch.load(p) else: torch.load(p, map_location=loc)`: a choice
         if script.guarded(call, singles_out_one_rank) is True:
             continue  # one process loads: the device it was saved from is its own
+        if not _feeds_a_model(script, call):
+            continue  # features, tensors, configs: saved from the CPU as often as not
         yield (call,
                "torch.load without map_location restores every tensor onto the device it was saved from "
                "(cuda:0 for a checkpoint written by rank 0): every rank loads a copy onto GPU 0 — memory "
                "wasted there, or out of memory",
                "torch.load(path, map_location=f'cuda:{local_rank}') (or map_location='cpu', then "
                "load_state_dict); ringtrain's ring.load(path, model=model, ...) maps onto each rank's device")
+
+
+def _feeds_a_model(script: Script, call: ast.Call) -> bool:
+    """Is what ``torch.load`` returns given to ``load_state_dict`` (a checkpoint of a model
+    trained on a GPU holds CUDA tensors)? ``m.load_state_dict(torch.load(p))`` or
+    ``ckpt = torch.load(p); m.load_state_dict(ckpt["model"])``."""
+    keys = {script.scope_of(b) for b in bindings(script, call)} - {None}
+    for use in script.calls:
+        if callee_name(use) != "load_state_dict":
+            continue
+        for arg in (*use.args, *(k.value for k in use.keywords)):
+            for node in ast.walk(arg):
+                if node is call or (isinstance(node, (ast.Name, ast.Attribute)) and script.aliases(node) & keys):
+                    return True
+    return False
 
 
 def _sibling_maps(script: Script, call: ast.Call) -> bool:

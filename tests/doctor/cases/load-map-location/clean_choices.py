@@ -11,3 +11,5 @@ if gpu is None:
     checkpoint = torch.load("resume.pt")
 else:
     checkpoint = torch.load("resume.pt", map_location=f"cuda:{gpu}")
+# Features saved with .cpu() by an earlier run: not a model's checkpoint, nothing to map.
+train_features = torch.load("trainfeat.pth")

@@ -9,24 +9,14 @@ one, or one more all fail. ``fixed_*`` and ``clean_*`` scripts must give no find
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
+from _marks import expected
 
 from ringtrain.doctor import RULES, check_source
 
 CASES = Path(__file__).parent / "cases"
-EXPECT = re.compile(r"#\s*expect:\s*([\w\-, ]+)")
-
-
-def expected(source: str) -> set[tuple[int, str]]:
-    marks = set()
-    for number, line in enumerate(source.splitlines(), 1):
-        match = EXPECT.search(line)
-        if match:
-            marks |= {(number, rule.strip()) for rule in match.group(1).split(",") if rule.strip()}
-    return marks
 
 
 def scripts(prefixes: tuple[str, ...]) -> list[Path]:
