@@ -8,7 +8,7 @@ Usage
 Each PATH is a Python file or a folder (searched for ``*.py``, skipping hidden folders,
 ``__pycache__`` and virtual environments); ``-`` reads one script from standard input.
 The scripts are parsed with Python's ``ast``, never imported or run: the check is safe on
-code you do not trust, needs no GPU, and takes milliseconds. It follows the script's own
+code you do not trust, needs no GPU, and takes well under a second for a 1,000-line script. It follows the script's own
 names — ``import torch.distributed as D``, ``from torch.nn.parallel import
 DistributedDataParallel as DDP``, ``nn.parallel.DistributedDataParallel``, ``DS =
 DistributedSampler``, plain assignments, loop names and function parameters — and reports
@@ -30,7 +30,7 @@ One finding per entry, then a summary line::
 
     train.py:42: sampler-set-epoch: warning: `train_loader` draws from a DistributedSampler ...
         HINT: call train_sampler.set_epoch(epoch) at the top of the epoch loop ...
-    train.py: 1 finding (0 errors, 1 warning, 0 notes)
+    1 file checked: 1 finding (0 errors, 1 warning, 0 notes)
 
 ``--format json`` prints a JSON list instead (the summary goes to standard error), one
 object per finding with ``file``, ``line``, ``rule``, ``message``, ``hint`` and ``severity``.
@@ -42,35 +42,55 @@ worth knowing (DataParallel's batch size, Horovod's learning-rate scaling).
 Rules
 -----
 
-    sampler-set-epoch       the epoch loop (its `for` line): a shuffling DistributedSampler drives the
-                            training loader and the loop never calls set_epoch: same order every epoch
-    save-every-rank         torch.save not guarded by a rank-0 check (`rank == 0`, `get_rank() == 0`,
-                            `local_rank in (-1, 0)`, `is_main_process`...) in a multi-process script
-    local-rank-arg          add_argument('--local_rank') with no '--local-rank': torch >= 2.0's launcher
-                            passes --local-rank=N ("unrecognized arguments"); torchrun passes nothing
-    ddp-before-to           DistributedDataParallel(model, device_ids=...) (or under NCCL) while the
-                            model is provably still on the CPU
-    shuffle-with-sampler    DataLoader(shuffle=True, sampler=...): ValueError at run time
-    eval-sampler-padding    a padding DistributedSampler (no drop_last) on an evaluation set whose
-                            metrics are reduced across ranks: padded duplicates are counted
-    accumulate-no-sync      backward() every micro-batch, optimizer.step() every k (an `if i % k`),
-                            under DDP, and no no_sync() anywhere: every micro-batch all-reduces
-    load-map-location       torch.load without map_location in a multi-process CUDA script
-    syncbn-after-ddp        convert_sync_batchnorm on the model after it was wrapped in DDP
-    set-device              NCCL init_process_group (or hvd.init) in a CUDA script that never calls
-                            torch.cuda.set_device: every process's current device stays cuda:0
-    nccl-without-cuda       backend='nccl' in a script that never uses CUDA but communicates
-    collective-on-one-rank  all_reduce/reduce/gather/broadcast... only under a rank-0 check: the
-                            other ranks never join it, and the job hangs
-    unreduced-metric        possible: an evaluation metric computed on one rank's shard is printed,
-                            and the script never reduces anything across ranks
-    batch-size-float        DataLoader(batch_size=batch_size / nprocs): a float, ValueError
-    sampler-dataset-mismatch DataLoader(train_set, sampler=DistributedSampler(test_set))
-    hvd-broadcast           hvd.DistributedOptimizer, no hvd.broadcast_parameters, no common seed
-    hvd-lr-scale            (note) the Horovod learning rate is never multiplied by hvd.size()
-    dataparallel-batch      (note) nn.DataParallel: batch_size is global; DDP's is per process
+Each finding is reported at the line to change; ``--list-rules`` prints this list briefly.
 
-``--list-rules`` prints the ids with their severity.
+    sampler-set-epoch         warning  at the epoch loop's `for`: a shuffling DistributedSampler drives
+                                       the training loader and the loop never calls set_epoch, so
+                                       every epoch sees the same order
+    save-every-rank           warning  at torch.save, in a multi-process script, not under a rank-0
+                                       check (`rank == 0`, `get_rank() == 0`, `local_rank in (-1, 0)`,
+                                       `is_main_process()`, an early `return` on other ranks...)
+    local-rank-arg            error    at add_argument('--local_rank') when '--local-rank' is not declared:
+                                       torch >= 2.0's launcher passes --local-rank=N ("unrecognized
+                                       arguments"); torchrun passes nothing (scripts using mp.spawn are
+                                       left alone: nobody sends them the flag)
+    ddp-before-to             error    at DistributedDataParallel(model, device_ids=...) (or under NCCL)
+                                       while the model is provably still on the CPU
+    shuffle-with-sampler      error    at DataLoader(shuffle=True, sampler=...): ValueError at run time
+    eval-sampler-padding      warning  at a DistributedSampler without drop_last on an evaluation set
+                                       whose metrics are reduced: padded duplicates are counted (possible:
+                                       not when the set divides evenly)
+    accumulate-no-sync        warning  at backward(): it runs every micro-batch, the optimizer steps
+                                       every k (`if (i + 1) % k == 0`), under DDP, with no no_sync()
+                                       anywhere: every micro-batch all-reduces
+    load-map-location         warning  at torch.load without map_location whose result goes to
+                                       load_state_dict, in a multi-process CUDA script: every rank
+                                       loads the checkpoint onto the GPU it was saved from
+    syncbn-after-ddp          warning  at convert_sync_batchnorm applied after the DDP wrap
+    set-device                warning  at init_process_group('nccl') (or hvd.init) in a CUDA script that
+                                       never calls torch.cuda.set_device: every current device is cuda:0
+    nccl-without-cuda         error    at init_process_group('nccl') in a script that never uses CUDA but
+                                       wraps DDP or calls collectives
+    collective-on-one-rank    error    at all_reduce/reduce/gather/broadcast... reached only under a
+                                       rank-0 check: the other ranks never join, the job hangs
+    unreduced-metric          warning  at the print: possible: an evaluation metric of one rank's shard,
+                                       in a script that never reduces anything across ranks
+    batch-size-float          error    at DataLoader(batch_size=batch_size / nprocs): a float, ValueError
+    sampler-dataset-mismatch  error    at DataLoader(train_set, sampler=DistributedSampler(test_set))
+    hvd-broadcast             warning  at hvd.DistributedOptimizer with no hvd.broadcast_parameters and no
+                                       common seed: every rank starts from its own weights
+    hvd-lr-scale              note     at the optimizer: the Horovod learning rate is never multiplied by
+                                       hvd.size() (and the global batch is not kept fixed either)
+    dataparallel-batch        note     at nn.DataParallel: its batch_size is global; DDP's is per process
+
+What it cannot see
+------------------
+
+Only the files given: a helper imported from another module (``utils.init_distributed_mode``)
+is a closed box, and a rule that would need to look inside it stays silent. Rules report
+what the script shows, never what it might do; when the code leaves a doubt (a model built
+by a factory it cannot read, a checkpoint written elsewhere) there is no finding. The aim
+is no finding at all on a correct script.
 
 Ignoring a finding
 ------------------
@@ -212,6 +232,15 @@ def summary(findings: list[Finding], files: int, unreadable: int = 0) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # `ringtrain doctor src/ | head`: the reader left; say nothing more, like other tools.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if ns.list_rules:
         for rule in RULES.values():

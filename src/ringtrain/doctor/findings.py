@@ -54,7 +54,7 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("accumulate-no-sync", "warning",
          "gradient accumulation under DDP without no_sync(): every micro-batch all-reduces"),
     Rule("load-map-location", "warning",
-         "torch.load without map_location in a distributed CUDA script"),
+         "torch.load without map_location, fed to load_state_dict, in a distributed CUDA script"),
     Rule("syncbn-after-ddp", "warning",
          "convert_sync_batchnorm applied after the DDP wrap"),
     Rule("set-device", "warning",

@@ -21,13 +21,21 @@ def local_rank_arg(script: Script) -> Iterator[tuple]:
         return
     if script.has_concept("spawn"):
         return  # the script starts its own processes and passes the rank itself; nobody sends the flag
+    strict = any(callee_name(c) == "parse_args" for c in script.calls) or not any(
+        callee_name(c) == "parse_known_args" for c in script.calls)
     for call in underscored:
         default = keyword(call, "default")
         value = script.text(default) if default is not None else "None"
+        if strict:
+            message = ("argparse declares only --local_rank: `python -m torch.distributed.launch` on torch >= 2.0 "
+                       "passes --local-rank=N and the script dies with \"unrecognized arguments: --local-rank=0\"; "
+                       f"torchrun passes neither, so args.local_rank stays {value} on every process")
+        else:
+            message = ("argparse declares only --local_rank: `python -m torch.distributed.launch` on torch >= 2.0 "
+                       "passes --local-rank=N, which parse_known_args leaves unparsed, and torchrun passes neither: "
+                       f"args.local_rank stays {value} on every process")
         yield (call,
-               "argparse declares only --local_rank: `python -m torch.distributed.launch` on torch >= 2.0 passes "
-               "--local-rank=N and the script dies with \"unrecognized arguments: --local-rank=0\"; torchrun passes "
-               f"neither, so args.local_rank stays {value} on every process",
+               message,
                "declare both spellings and default to the launcher's variable: parser.add_argument('--local-rank', "
                "'--local_rank', type=int, default=int(os.environ.get('LOCAL_RANK', 0))); `ringtrain run` passes "
                "the spelling a script declares, and rt.Ring() reads LOCAL_RANK itself")
