@@ -232,16 +232,13 @@ class Script:
                 return a, text
         return self.tree, text
 
-    def values(self, expr: ast.AST, before: ast.AST | None = None) -> list[ast.expr]:
-        """What a name may hold: the right-hand sides assigned to it in its scope (those
-        before ``before`` when given; None for a binding with no visible value)."""
+    def values(self, expr: ast.AST) -> list[ast.expr | None]:
+        """What a name may hold: the right-hand sides assigned to it anywhere in its scope
+        (flow-insensitive; None for a binding with no visible value, like a loop name)."""
         key = self.scope_of(expr)
         if key is None:
             return []
-        found = self.assignments.get(key, [])
-        if before is not None:
-            found = [(s, v) for s, v in found if position(s) < position(before)]
-        return [v for _, v in found]
+        return [v for _, v in self.assignments.get(key, [])]
 
     def origins(self, expr: ast.AST | None, depth: int = 6) -> list[ast.expr | None]:
         """The expressions ``expr`` may come from, through names, ``x if c else y`` and ``a or b``."""
@@ -336,7 +333,7 @@ class Script:
     def divides_batch_by_workers(self) -> bool:
         """``batch_size = int(args.batch_size / ngpus_per_node)``: the script keeps a global
         batch fixed by dividing it among the processes or GPUs."""
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)) \
                     and any("batch" in n.lower() for n in identifiers(node.left)) \
                     and any(re.search(r"gpu|device_count|world|size|nproc|replica|worker", n.lower())

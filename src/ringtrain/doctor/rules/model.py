@@ -11,9 +11,11 @@ from ..script import Script
 from .process_group import nccl_inits
 
 MOVERS = {"to", "cuda", "to_empty", "xpu"}
-# Libraries whose model constructors build on the CPU (unless told a device or the default
-# device is changed, which the rule checks separately).
-_CPU_BUILDERS = ("torch.", "torchvision.", "timm.", "monai.", "torchaudio.", "segmentation_models_pytorch.")
+# Model constructors that build on the CPU (unless told a device, or the default device is
+# changed, which the rule checks separately). Not torch.load, torch.jit.load, torch.hub: a
+# loaded module is wherever it was saved.
+_CPU_BUILDERS = ("torch.nn.", "torchvision.models.", "timm.create_model", "timm.models.", "monai.networks.",
+                 "torchaudio.models.", "segmentation_models_pytorch.")
 
 
 def _moves(call: ast.AST) -> bool:
@@ -80,10 +82,20 @@ def _moved_before(script: Script, module: ast.AST, at: ast.AST, depth: int = 4) 
     stmt, value = earlier[-1]
     if script.function_of(stmt) is not script.function_of(at) and script.function_of(at) is not script.tree:
         return None
+    if _in_branch_apart(script, stmt, at):
+        # `if gpu: model = Net().cuda() / else: model = Net()`: the last assignment written is
+        # one branch among others; report only when every one of them is on the CPU
+        verdicts = {_moved_value(script, v, s, depth) for s, v in earlier}
+        return False if verdicts == {False} else None
     for call in script.calls:
         if position(stmt) < position(call) < position(at) and _moves(call) \
                 and script.scope_of(call.func.value) == key:
             return True
+    return _moved_value(script, value, stmt, depth)
+
+
+def _moved_value(script: Script, value: ast.expr | None, stmt: ast.AST, depth: int) -> bool | None:
+    """Is the value assigned by ``stmt`` on a device?"""
     if value is None or isinstance(value, ast.Constant):
         return None  # `model = ...` in a tutorial: we do not know
     if isinstance(value, ast.Call) and script.names.concept(value) in ("DDP", "DP"):
@@ -93,6 +105,16 @@ def _moved_before(script: Script, module: ast.AST, at: ast.AST, depth: int = 4) 
     if isinstance(value, ast.Call):
         return _built_moved(script, value, stmt, depth)
     return None
+
+
+def _in_branch_apart(script: Script, stmt: ast.AST, at: ast.AST) -> bool:
+    """Is ``stmt`` inside an ``if`` (or loop, or try) that does not also hold ``at``?"""
+    for a in script.ancestors(stmt):
+        if script.inside(at, a):
+            return False
+        if isinstance(a, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With)):
+            return True
+    return False
 
 
 def _default_device_changed(script: Script) -> bool:
@@ -119,7 +141,8 @@ def ddp_before_to(script: Script) -> Iterator[tuple]:
         if module is None:
             continue
         device_ids = keyword(wrap, "device_ids", 1)
-        on_gpu = (device_ids is not None and not is_const(device_ids, None)) or nccl
+        # `device_ids=[gpu] if gpu is not None else None`: on the CPU path there is nothing to check
+        on_gpu = (device_ids is not None and not any(is_const(o, None) for o in script.origins(device_ids))) or nccl
         if not on_gpu or _moved_before(script, module, wrap) is not False:
             continue
         name = dotted(module) or "the model"
