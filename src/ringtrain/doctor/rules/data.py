@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from ..nodes import callee_name, dotted, is_const, is_evalish, keyword
 from ..script import Script
-from .loaders import epoch_loops, iteration_loops, loaders
+from .loaders import epoch_loops, iteration_loops, loaders, sampler_arg
 
 REDUCTIONS = {"all_reduce", "allreduce", "allreduce_", "reduce", "all_gather", "allgather", "all_gather_object",
               "allgather_object", "all_gather_into_tensor", "gather", "gather_object", "gather_for_metrics",
@@ -19,9 +19,15 @@ def _name(expr: ast.AST | None, fallback: str) -> str:
     return f"`{text}`" if text else fallback
 
 
-def _shuffles(sampler: ast.Call) -> bool:
-    shuffle = keyword(sampler, "shuffle", 3)
+def _shuffles(script: Script, sampler: ast.Call) -> bool:
+    shuffle = sampler_arg(script, sampler, "shuffle")
     return shuffle is None or not is_const(shuffle, False)
+
+
+def _reseeded_in(script: Script, sampler: ast.Call, epoch: ast.AST) -> bool:
+    """``DistributedSampler(ds, seed=epoch)`` built inside the epoch loop: a new order each epoch."""
+    seed = sampler_arg(script, sampler, "seed")
+    return seed is not None and not isinstance(seed, ast.Constant) and script.inside(sampler, epoch)
 
 
 def _trains(script: Script, loop: ast.AST) -> bool:
@@ -31,7 +37,7 @@ def _trains(script: Script, loop: ast.AST) -> bool:
 def sampler_set_epoch(script: Script) -> Iterator[tuple]:
     reported: set[int] = set()
     for loader in loaders(script):
-        if not loader.samplers or not any(_shuffles(s) for s in loader.samplers):
+        if not loader.samplers or not any(_shuffles(script, s) for s in loader.samplers):
             continue
         evaluation = any(is_evalish(t) for t in loader.names())
         keys = {script.scope_of(b) for b in loader.bindings}
@@ -42,6 +48,8 @@ def sampler_set_epoch(script: Script) -> Iterator[tuple]:
                 if id(epoch) in reported:
                     continue
                 if any(callee_name(c) == "set_epoch" for c in script.calls_in(epoch, depth=2)):
+                    continue
+                if any(_reseeded_in(script, s, epoch) for s in loader.samplers):
                     continue
                 reported.add(id(epoch))
                 sampler = dotted(loader.sampler) if loader.sampler is not None else None
@@ -79,7 +87,7 @@ def shuffle_with_sampler(script: Script) -> Iterator[tuple]:
 
 
 def _drops_last(script: Script, sampler: ast.Call) -> bool:
-    drop_last = keyword(sampler, "drop_last", 5)
+    drop_last = sampler_arg(script, sampler, "drop_last")
     if is_const(drop_last, True):
         return True
     # MONAI's DistributedSampler(even_divisible=False) gives ranks uneven shares instead of padding.
@@ -105,7 +113,7 @@ def eval_sampler_padding(script: Script) -> Iterator[tuple]:
             if not any(_reduces_near(script, loop) for loop in iteration_loops(script, loader.bindings)):
                 continue
             reported.add(id(sampler))
-            dataset = _name(keyword(sampler, "dataset", 0), "the evaluation set")
+            dataset = _name(sampler_arg(script, sampler, "dataset"), "the evaluation set")
             yield (sampler,
                    f"possible: DistributedSampler pads {dataset} with repeated samples up to a multiple of the "
                    "number of processes (drop_last=False), and the metric reduced across ranks counts those "
@@ -138,7 +146,7 @@ def sampler_dataset_mismatch(script: Script) -> Iterator[tuple]:
         if not isinstance(read, (ast.Name, ast.Attribute)):
             continue
         for sampler in loader.samplers:
-            sharded = keyword(sampler, "dataset", 0)
+            sharded = sampler_arg(script, sampler, "dataset")
             if not isinstance(sharded, (ast.Name, ast.Attribute)) or script.same_value(read, sharded):
                 continue
             yield (loader.call,

@@ -31,8 +31,20 @@ class Loader:
         texts = [dotted(b) for b in self.bindings]
         texts += [dotted(self.dataset), dotted(self.sampler)]
         for s in self.samplers:
-            texts.append(dotted(keyword(s, "dataset", 0)))
+            texts.append(dotted(keyword(s, "dataset", 0)))  # the first argument in torch and MONAI
         return [t for t in texts if t]
+
+
+# Positions of DistributedSampler's arguments: torch's (dataset, num_replicas, rank, shuffle,
+# seed, drop_last); MONAI's subclass puts even_divisible second, so its positions are not used.
+_SAMPLER_POSITIONS = {"dataset": 0, "shuffle": 3, "seed": 4, "drop_last": 5}
+
+
+def sampler_arg(script: Script, sampler: ast.Call, name: str) -> ast.expr | None:
+    """An argument of a DistributedSampler construction, by keyword or torch's position."""
+    path = script.names.path(sampler.func) or ""
+    position = _SAMPLER_POSITIONS.get(name) if not path.startswith("monai.") or name == "dataset" else None
+    return keyword(sampler, name, position)
 
 
 def sampler_calls(script: Script, expr: ast.expr | None) -> list[ast.Call]:

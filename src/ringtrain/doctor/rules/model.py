@@ -166,8 +166,7 @@ def syncbn_after_ddp(script: Script) -> Iterator[tuple]:
             if _exclusive(script, wrap, conv):
                 continue
             wrapped = keyword(wrap, "module", 0)
-            stored = [t for t in _targets(script, wrap)]
-            keys = {script.scope_of(t) for t in stored}
+            keys = {script.scope_of(t) for t in _targets(script, wrap)}
             if wrapped is not None:
                 keys.add(script.scope_of(wrapped))
             keys.discard(None)
