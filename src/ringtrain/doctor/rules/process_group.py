@@ -84,8 +84,9 @@ def set_device(script: Script) -> Iterator[tuple]:
         what = "an NCCL process group" if call in starts else "Horovod"
         yield (call,
                f"{what} in a CUDA script that never calls torch.cuda.set_device: every process's current "
-               "device stays cuda:0, so .cuda(), device='cuda' and the device NCCL uses for barrier and object "
-               "collectives are GPU 0 in every process (memory piles up there, or NCCL fails on a duplicate GPU)",
+               "device stays cuda:0, so tensors made with .cuda() or device='cuda', and object collectives "
+               "(all_gather_object, broadcast_object_list), are on GPU 0 in every process (memory piles up "
+               "there, or NCCL fails with \"Duplicate GPU detected\")",
                "pin each process to its GPU first: torch.cuda.set_device(local_rank) (Horovod: "
                "torch.cuda.set_device(hvd.local_rank())), or init_process_group(..., device_id=torch.device('cuda', "
                "local_rank)); rt.Ring() pins each process to its GPU")
