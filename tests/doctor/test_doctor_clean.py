@@ -5,6 +5,7 @@ line at a time, to show the rules do look at it."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,23 @@ def test_breaking_a_reference_script_is_noticed(name, correct, broken, rule):
     assert source.count(correct) == 1, f"{name} no longer contains {correct!r}"
     findings = check_source(source.replace(correct, broken), name)
     assert rule in {f.rule for f in findings}, findings_text(findings)
+
+
+def _python_files_to_survive() -> list[Path]:
+    ours = [p for folder in ("src", "tests", "examples", "benchmarks") for p in (ROOT / folder).rglob("*.py")]
+    stdlib = Path(ast.__file__).parent
+    theirs = sorted(stdlib.glob("*.py"))[:60]  # varied real code: match, walrus, async, decorators...
+    return ours + theirs
+
+
+def test_any_valid_python_is_read_without_crashing():
+    checked = 0
+    for path in _python_files_to_survive():
+        source = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            compile(source, str(path), "exec", flags=ast.PyCF_ONLY_AST)
+        except SyntaxError:
+            continue
+        check_source(source, str(path))  # findings or not, never an exception
+        checked += 1
+    assert checked > 100

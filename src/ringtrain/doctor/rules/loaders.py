@@ -58,16 +58,17 @@ def loaders(script: Script) -> Iterator[Loader]:
         yield Loader(call, sampler, sampler_calls(script, sampler), bindings(script, call))
 
 
-def bindings(script: Script, value: ast.AST) -> list[ast.expr]:
-    """Where a value is stored: ``x = value``, or ``x = f(...)`` when ``f`` returns it."""
+def bindings(script: Script, value: ast.AST, depth: int = 3) -> list[ast.expr]:
+    """Where a value is stored: ``x = value``, or ``x = f(...)`` when ``f`` returns it
+    (``depth`` levels of returns: mutual recursion ends there)."""
     parent = script.parent.get(value)
     if isinstance(parent, (ast.Assign, ast.AnnAssign)):
         targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
         return [t for t in targets if isinstance(t, (ast.Name, ast.Attribute))]
     if isinstance(parent, ast.Return):
         found = []
-        for caller in script.callers(script.function_of(parent)):
-            found += bindings(script, caller)
+        for caller in script.callers(script.function_of(parent)) if depth else []:
+            found += bindings(script, caller, depth - 1)
         return found
     if isinstance(parent, ast.keyword):
         parent = script.parent.get(parent)
