@@ -1,0 +1,172 @@
+"""Which torch object a name in the script means, through its imports and aliases.
+
+A script may write ``DDP(model)``, ``D.init_process_group``, ``nn.parallel.DistributedDataParallel``
+or ``from torch.utils.data import DistributedSampler as DS``; rules ask one question:
+"is this call a DistributedDataParallel wrap?" (:meth:`Names.concept`). Imports anywhere in
+the file count (tutorials import inside ``main`` or under ``if __name__``), and so do plain
+aliases like ``DDP = torch.nn.parallel.DistributedDataParallel``.
+
+Tutorial snippets often use ``torch``, ``nn``, ``dist`` or ``hvd`` without importing them;
+a name the file never binds is read with its customary meaning (:data:`CUSTOMARY`).
+"""
+
+from __future__ import annotations
+
+import ast
+
+# The same object under several public paths; every path maps to one concept name.
+CONCEPTS: dict[str, tuple[str, ...]] = {
+    "DistributedSampler": (
+        "torch.utils.data.DistributedSampler",
+        "torch.utils.data.distributed.DistributedSampler",
+        # MONAI's subclass (same padding and set_epoch), used by the MONAI tutorials.
+        "monai.data.DistributedSampler",
+        "monai.data.samplers.DistributedSampler",
+    ),
+    "DataLoader": (
+        "torch.utils.data.DataLoader",
+        "torch.utils.data.dataloader.DataLoader",
+        "monai.data.DataLoader",
+        "monai.data.dataloader.DataLoader",
+    ),
+    "DDP": (
+        "torch.nn.parallel.DistributedDataParallel",
+        "torch.nn.parallel.distributed.DistributedDataParallel",
+    ),
+    "DP": (
+        "torch.nn.DataParallel",
+        "torch.nn.parallel.DataParallel",
+        "torch.nn.parallel.data_parallel.DataParallel",
+    ),
+    "save": ("torch.save", "torch.serialization.save"),
+    "load": ("torch.load", "torch.serialization.load"),
+    "init_process_group": (
+        "torch.distributed.init_process_group",
+        "torch.distributed.distributed_c10d.init_process_group",
+    ),
+    "set_device": (
+        "torch.cuda.set_device",
+        "torch.cuda.device",  # `with torch.cuda.device(i):` sets the current device too
+        "torch.accelerator.set_device_index",
+        "torch.accelerator.set_device_idx",
+    ),
+    "convert_sync_batchnorm": (
+        "torch.nn.SyncBatchNorm.convert_sync_batchnorm",
+        "torch.nn.modules.batchnorm.SyncBatchNorm.convert_sync_batchnorm",
+        "torch.nn.modules.SyncBatchNorm.convert_sync_batchnorm",
+    ),
+    "spawn": (
+        "torch.multiprocessing.spawn",
+        "torch.multiprocessing.start_processes",
+        "torch.multiprocessing.spawn.spawn",
+    ),
+    "hvd.DistributedOptimizer": ("horovod.torch.DistributedOptimizer",),
+    "hvd.size": ("horovod.torch.size", "horovod.torch.local_size"),
+    "hvd.init": ("horovod.torch.init",),
+}
+
+# torch.distributed collectives every rank of the group must call (send/recv and barrier
+# are left out: point-to-point calls are rank-specific by design, and the "rank 0 first"
+# idiom pairs a barrier under `rank != 0` with one under `rank == 0`).
+COLLECTIVES = (
+    "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "gather",
+    "gather_object", "broadcast", "broadcast_object_list", "scatter", "scatter_object_list",
+    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+)
+for _op in COLLECTIVES:
+    CONCEPTS["collective." + _op] = ("torch.distributed." + _op,)
+HOROVOD_COLLECTIVES = ("allreduce", "allreduce_", "allgather", "broadcast", "broadcast_", "alltoall",
+                       "reducescatter", "grouped_allreduce", "broadcast_object", "allgather_object")
+for _op in HOROVOD_COLLECTIVES:
+    CONCEPTS["collective.hvd." + _op] = ("horovod.torch." + _op,)
+
+CONCEPT_OF: dict[str, str] = {path: concept for concept, paths in CONCEPTS.items() for path in paths}
+
+# Packages that are another name for one we know: ringtrain's Horovod face is Horovod's API.
+PREFIXES = {"ringtrain.horovod": "horovod.torch"}
+
+CUSTOMARY = {
+    "torch": "torch",
+    "nn": "torch.nn",
+    "dist": "torch.distributed",
+    "mp": "torch.multiprocessing",
+    "hvd": "horovod.torch",
+    "DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel",
+    "DistributedSampler": "torch.utils.data.distributed.DistributedSampler",
+    "DataLoader": "torch.utils.data.DataLoader",
+}
+
+
+def canonical(path: str) -> str:
+    for old, new in PREFIXES.items():
+        if path == old or path.startswith(old + "."):
+            return new + path[len(old):]
+    return path
+
+
+class Names:
+    """Dotted import paths for the names a module binds by import or plain alias."""
+
+    def __init__(self, tree: ast.Module, nodes: list[ast.AST] | None = None):
+        self.bound: dict[str, str] = {}
+        self.star: list[str] = []
+        self.assigned: set[str] = set()  # names bound some other way: never read as CUSTOMARY
+        aliases: list[tuple[str, ast.expr]] = []
+        for node in nodes if nodes is not None else ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname:
+                        self.bound[alias.asname] = alias.name
+                    else:  # `import torch.distributed` binds `torch`
+                        top = alias.name.split(".")[0]
+                        self.bound[top] = top
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    if alias.name == "*":
+                        self.star.append(node.module)
+                    else:
+                        self.bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                self.assigned.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self.assigned.add(node.name)
+            elif isinstance(node, ast.arg):
+                self.assigned.add(node.arg)
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Name)
+                    and isinstance(node.value, (ast.Name, ast.Attribute))):
+                aliases.append((node.targets[0].id, node.value))
+        # `DDP = nn.parallel.DistributedDataParallel`: an alias when the right side is an
+        # import path. Two passes resolve an alias of an alias.
+        for _ in range(2):
+            for name, value in aliases:
+                path = self.path(value)
+                if path is not None and name not in self.bound:
+                    self.bound[name] = path
+
+    def path(self, expr: ast.AST) -> str | None:
+        """``torch.nn.parallel.DistributedDataParallel`` for ``nn.parallel.DistributedDataParallel``."""
+        if isinstance(expr, ast.Name):
+            if expr.id in self.bound:
+                return canonical(self.bound[expr.id])
+            for module in self.star:
+                candidate = canonical(f"{module}.{expr.id}")
+                if candidate in CONCEPT_OF:
+                    return candidate
+            if expr.id in CUSTOMARY and expr.id not in self.assigned:
+                return CUSTOMARY[expr.id]
+            return None
+        if isinstance(expr, ast.Attribute):
+            base = self.path(expr.value)
+            return None if base is None else f"{base}.{expr.attr}"
+        return None
+
+    def concept(self, call: ast.AST) -> str | None:
+        """The concept a call (or a callee expression) stands for, e.g. ``"DDP"``, or None."""
+        func = call.func if isinstance(call, ast.Call) else call
+        path = self.path(func)
+        return None if path is None else CONCEPT_OF.get(path)
+
+    def is_horovod(self, expr: ast.AST) -> bool:
+        path = self.path(expr)
+        return path is not None and (path == "horovod.torch" or path.startswith("horovod.torch."))

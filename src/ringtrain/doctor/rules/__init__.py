@@ -1,0 +1,37 @@
+"""The checks, one function per rule id; each yields (node, message, hint) for its findings.
+
+The node decides the reported line (and the lines a ``# ringtrain: ignore[rule]`` comment
+may sit on). Grouped by what they look at: data loading, checkpoints, the model wrap,
+the process group, metrics, Horovod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from ..script import Script
+from . import checkpoints, data, horovod, metrics, model, process_group
+
+Report = tuple  # (ast node, message, hint)
+Check = Callable[[Script], Iterable[Report]]
+
+CHECKS: dict[str, Check] = {
+    "sampler-set-epoch": data.sampler_set_epoch,
+    "save-every-rank": checkpoints.save_every_rank,
+    "local-rank-arg": process_group.local_rank_arg,
+    "ddp-before-to": model.ddp_before_to,
+    "shuffle-with-sampler": data.shuffle_with_sampler,
+    "eval-sampler-padding": data.eval_sampler_padding,
+    "accumulate-no-sync": model.accumulate_no_sync,
+    "load-map-location": checkpoints.load_map_location,
+    "syncbn-after-ddp": model.syncbn_after_ddp,
+    "set-device": process_group.set_device,
+    "nccl-without-cuda": process_group.nccl_without_cuda,
+    "collective-on-one-rank": process_group.collective_on_one_rank,
+    "unreduced-metric": metrics.unreduced_metric,
+    "batch-size-float": data.batch_size_float,
+    "sampler-dataset-mismatch": data.sampler_dataset_mismatch,
+    "hvd-broadcast": horovod.hvd_broadcast,
+    "hvd-lr-scale": horovod.hvd_lr_scale,
+    "dataparallel-batch": model.dataparallel_batch,
+}

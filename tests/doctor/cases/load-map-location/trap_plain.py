@@ -1,0 +1,14 @@
+"""Resuming on every rank from a checkpoint rank 0 wrote from cuda:0."""
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+local_rank = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local_rank)
+dist.init_process_group("nccl")
+model = torch.nn.Linear(4, 2).cuda()
+model = DDP(model, device_ids=[local_rank])
+state = torch.load("checkpoint.pt")  # expect: load-map-location
+model.module.load_state_dict(state["model"])

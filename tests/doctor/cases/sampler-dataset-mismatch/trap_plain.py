@@ -1,0 +1,13 @@
+"""The test loader copied from the train loader, dataset left unchanged."""
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+dist.init_process_group("gloo")
+train_dataset = TensorDataset(torch.randn(512, 4))
+test_dataset = TensorDataset(torch.randn(100, 4))
+train_sampler = DistributedSampler(train_dataset)
+trainloader = DataLoader(train_dataset, batch_size=32, sampler=train_sampler)
+test_sampler = DistributedSampler(test_dataset)
+testloader = DataLoader(train_dataset, batch_size=32, sampler=test_sampler)  # expect: sampler-dataset-mismatch

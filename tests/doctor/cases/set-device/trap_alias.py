@@ -1,0 +1,10 @@
+"""Horovod's recipe without pinning the GPU; backend chosen through a variable for NCCL too."""
+import horovod.torch as hvd
+import torch
+
+hvd.init()  # expect: set-device
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())

@@ -1,0 +1,29 @@
+"""Seed 003's second experiment: the same loop with sampler.set_epoch(epoch), the order now
+changes every epoch."""
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class RandomDataset(Dataset):
+    def __init__(self):
+        self.data = torch.randn(21, 1, 32, 32)
+        self.name = torch.arange(1, 22)
+
+    def __getitem__(self, idx):
+        return self.name[idx], self.data[idx]
+
+    def __len__(self):
+        return len(self.data)
+
+
+torch.distributed.init_process_group(backend="nccl")
+dataset = RandomDataset()
+sampler = torch.utils.data.distributed.DistributedSampler(dataset, shuffle=True)
+dataloader = DataLoader(dataset, batch_size=5, drop_last=True, sampler=sampler)
+
+for epoch in range(3):
+    print(f"epoch: {epoch}")
+    sampler.set_epoch(epoch)
+    for i, data in enumerate(dataloader, 0):
+        names, _ = data
+        print(names)

@@ -1,0 +1,81 @@
+"""No finding on correct scripts: every file of examples/, and reference scripts written in
+the shapes people copy (PyTorch's DDP tutorial series, the ImageNet example, Horovod's
+recipe, accumulation with no_sync). Each reference script is also broken on purpose, one
+line at a time, to show the rules do look at it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from ringtrain.doctor import check_source
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE = Path(__file__).parent / "reference"
+EXAMPLES = sorted((ROOT / "examples").rglob("*.py"))
+
+
+def findings_text(findings) -> str:
+    return "\n".join(f.text() for f in findings)
+
+
+def test_there_are_examples_to_check():
+    assert len(EXAMPLES) >= 5
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_clean(path):
+    findings = check_source(path.read_text(), str(path))
+    assert findings == [], findings_text(findings)
+
+
+@pytest.mark.parametrize("path", sorted(REFERENCE.glob("*.py")), ids=lambda p: p.name)
+def test_reference_scripts_are_clean(path):
+    findings = check_source(path.read_text(), str(path))
+    assert findings == [], findings_text(findings)
+
+
+@pytest.mark.parametrize(
+    "name, correct, broken, rule",
+    [
+        ("torchrun_trainer.py", "        self.train_data.sampler.set_epoch(epoch)\n", "", "sampler-set-epoch"),
+        ("torchrun_trainer.py", 'map_location=f"cuda:{self.gpu_id}"', "weights_only=True", "load-map-location"),
+        ("torchrun_trainer.py", "if self.gpu_id == 0 and epoch", "if epoch", "save-every-rank"),
+        ("spawn_imagenet_style.py", "shuffle=False, drop_last=True", "shuffle=False", "eval-sampler-padding"),
+        ("spawn_imagenet_style.py", "shuffle=(train_sampler is None)", "shuffle=True", "shuffle-with-sampler"),
+        ("horovod_exact_eval.py", "hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n", "", "hvd-broadcast"),
+        ("horovod_exact_eval.py", "torch.cuda.set_device(hvd.local_rank())\n", "", "set-device"),
+        ("horovod_exact_eval.py", "lr=args.lr * hvd.size()", "lr=args.lr", "hvd-lr-scale"),
+        ("accumulate_amp_syncbn.py", "contextlib.nullcontext() if boundary else model.no_sync()",
+         "contextlib.nullcontext()", "accumulate-no-sync"),
+        ("accumulate_amp_syncbn.py", "        dist.all_reduce(stats)\n        if dist.get_rank() == 0:\n",
+         "        if dist.get_rank() == 0:\n            dist.all_reduce(stats)\n", "collective-on-one-rank"),
+    ],
+)
+def test_breaking_a_reference_script_is_noticed(name, correct, broken, rule):
+    source = (REFERENCE / name).read_text()
+    assert source.count(correct) == 1, f"{name} no longer contains {correct!r}"
+    findings = check_source(source.replace(correct, broken), name)
+    assert rule in {f.rule for f in findings}, findings_text(findings)
+
+
+def _python_files_to_survive() -> list[Path]:
+    ours = [p for folder in ("src", "tests", "examples", "benchmarks") for p in (ROOT / folder).rglob("*.py")]
+    stdlib = Path(ast.__file__).parent
+    theirs = sorted(stdlib.glob("*.py"))[:60]  # varied real code: match, walrus, async, decorators...
+    return ours + theirs
+
+
+def test_any_valid_python_is_read_without_crashing():
+    checked = 0
+    for path in _python_files_to_survive():
+        source = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            compile(source, str(path), "exec", flags=ast.PyCF_ONLY_AST)
+        except SyntaxError:
+            continue
+        check_source(source, str(path))  # findings or not, never an exception
+        checked += 1
+    assert checked > 100
