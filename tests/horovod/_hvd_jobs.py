@@ -73,7 +73,7 @@ def _matrix(modes) -> dict:
         x = value(r, dtype, (sum(splits), 2), "a2a")
         got, received = hvd.alltoall(x, splits=splits)
         out[("alltoall", d, "splits")] = (got, received)
-        out[("alltoall", d, "async")] = hvd.synchronize(hvd.alltoall_async(x, splits=torch.tensor(splits)))
+        out[("alltoall", d, "async")] = hvd.synchronize(hvd.alltoall_async(x, splits=torch.tensor(splits, dtype=torch.int32)))
         x = value(r, dtype, (2 * n, 3), "a2a-even")
         out[("alltoall", d, "even")] = hvd.alltoall(x)
         for op in ("Sum", "Average", "Min", "Max"):

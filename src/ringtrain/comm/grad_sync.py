@@ -151,7 +151,9 @@ class GradientSync:
                        + "; ".join(f"{b.dtype} {[tuple(p.shape) for p in b.params]}" for b in self.buckets))
         self._hooks = []
         self.detached = False
-        if process_set.size() > 1:
+        # Ranks outside the process set keep their gradients (Horovod: no hooks, synchronize() does nothing).
+        self.member = process_set.included()
+        if process_set.size() > 1 and self.member:
             _LIVE[hash_text(self.layout)] = self
             self._claim()
             self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, id(p)))
@@ -247,7 +249,7 @@ class GradientSync:
                 "which now reduces their gradients",
                 "step the newest DistributedOptimizer; the older one no longer synchronizes anything.",
             )
-        if self.process_set.size() > 1 and self.buckets:
+        if self.process_set.size() > 1 and self.buckets and self.member:
             self._launch_in_order(force=True)
             if self._step_check is not None:
                 rows = self._step_check.wait()
@@ -273,6 +275,11 @@ class GradientSync:
                 value = result[start:start + bucket.numels[slot]].view(p.shape)
                 if p.grad is None:
                     p.grad = value.clone()
+                elif p.grad.is_sparse:
+                    # Sparse gradients (nn.Embedding(sparse=True)) were reduced densely; they go back
+                    # sparse, as Horovod writes them (``p.grad.zero_().add_(aggregated.to_sparse())``),
+                    # so optimizers that need sparse gradients (SparseAdam) still get them.
+                    p.grad = value.to_sparse()
                 else:
                     p.grad.copy_(value)
 

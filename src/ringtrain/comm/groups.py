@@ -43,6 +43,10 @@ class ProcessSet:
         self._bound_world = None  # the default group the Gloo twin was made for
         # Number of metadata checks this rank has run on this set (join uses it).
         self.check_rounds = 0
+        # Named ops (named.py): held until paired by name; names in flight; a settling round.
+        self.held: dict = {}
+        self.inflight: dict = {}
+        self.settling = False
 
     # --- Horovod's ProcessSet API ------------------------------------------
     @property
@@ -161,6 +165,9 @@ class ProcessSetTable:
             return False
         found.unbind()
         found.process_set_id = None
+        from .named import forget
+
+        forget(found)
         return True
 
     def reset(self) -> None:
@@ -169,6 +176,10 @@ class ProcessSetTable:
                 ps._group = ps._cpu_group = None
                 ps.process_set_id = None
         GLOBAL.check_rounds = 0  # its Gloo twin stays with the default group it was made for
+        from .named import forget
+
+        for ps in [GLOBAL, *self._sets.values()]:
+            forget(ps)
         self._sets = {0: GLOBAL}
         self._next_id = 1
 

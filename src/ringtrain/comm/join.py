@@ -6,7 +6,8 @@ gradient averages keep flowing — until every rank has joined; it returns the r
 that joined last. Joined ranks learn what the others run from the metadata check's
 descriptors, so ``join`` needs checks on (the default). As in Horovod, only
 allreduce (including the DistributedOptimizer's gradient buckets) and barrier may
-run while some ranks have joined; anything else raises on every rank. Averages
+run while some ranks have joined; anything else raises on the ranks that called it,
+while the joined ranks keep waiting in ``join()`` (so the others can still join). Averages
 keep dividing by the full set size, like DDP's join (``divide_by_initial_world_size``).
 """
 
@@ -16,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import RingtrainError
-from . import checks, validate
+from . import checks, named, validate
 from .checks import Call, Kind
 from .groups import ProcessSet
 from .ops import CODE_DTYPE, ReduceOp, wire
@@ -50,31 +51,30 @@ def join(*, process_set: ProcessSet, check: bool = True, device=None) -> int:
         )
     joined_at = process_set.check_rounds
     while True:
-        rows = checks.exchange(process_set, Call(Kind.JOIN, aux=joined_at))
-        active = [i for i, row in enumerate(rows) if row[0] != checks.MAGIC or row[1] != Kind.JOIN]
-        if not active:
+        rows, _ = named.exchange(process_set, Call(Kind.JOIN, aux=joined_at))
+        if all(row[0] == checks.MAGIC and row[1] == Kind.JOIN for row in rows):
             last = max(range(len(rows)), key=lambda i: (rows[i][15], i))
             return process_set.global_rank(last)
-        bad = [process_set.global_rank(i) for i in active if rows[i][3] == validate.INVALID_OP]
-        if bad:  # the others raise now; so must we, or we would wait for them forever
-            raise RingtrainError(
-                f"while this rank was joined, rank(s) {bad} called a collective with invalid arguments",
-                f"see the error raised on rank(s) {bad}.",
-            )
-        reference = rows[active[0]]
-        if any(rows[i][0] != checks.MAGIC or any(rows[i][f] != reference[f] for f in checks.COMPARED)
-               for i in active):
-            raise checks.mismatch(process_set, rows)
-        kind = reference[1]
-        if kind == Kind.BARRIER:
-            continue
-        if kind == Kind.ALLREDUCE:
-            _zeros_allreduce(reference, process_set, device)
-        elif kind in MIRRORS:
-            MIRRORS[kind](reference, process_set)
-        else:
-            joined = [i for i, row in enumerate(rows) if row[0] == checks.MAGIC and row[1] == Kind.JOIN]
-            raise validate.joined_error(process_set, reference, joined)
+        serve(rows, process_set, device)
+
+
+def serve(rows: list[list[int]], ps: ProcessSet, device=None) -> None:
+    """A joined rank's part in what the active ranks run now (described by ``rows``).
+
+    Allreduces (and gradient buckets) get zeros; anything else is the active ranks' error
+    to raise — invalid arguments, mismatched calls, or an op joined ranks cannot take part
+    in — and this rank, as in Horovod, just keeps waiting for the next round.
+    """
+    active = [row for row in rows if row[0] != checks.MAGIC or row[1] != Kind.JOIN]
+    reference = active[0]
+    if any(row[0] != checks.MAGIC or row[3] == validate.INVALID_OP for row in active) or any(
+            row[f] != reference[f] for row in active for f in checks.COMPARED):
+        return
+    kind = reference[1]
+    if kind == Kind.ALLREDUCE:
+        _zeros_allreduce(reference, ps, device)
+    elif kind in MIRRORS:
+        MIRRORS[kind](reference, ps)
 
 
 def _zeros_allreduce(row: list[int], ps: ProcessSet, device) -> None:
