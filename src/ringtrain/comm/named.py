@@ -168,24 +168,51 @@ def _serve_until_settled(ps: ProcessSet) -> None:
         serve(rows, ps)
 
 
-def wait_for(held: Held) -> None:
-    """Run check rounds until ``held`` has started (or raise on every rank if nobody can progress)."""
-    ps = held.process_set
-    while not held.started:
-        if held.name not in ps.held:
-            raise RingtrainError(f"{held.what} {held.name!r} is no longer held (Horovod was shut down)",
-                                 "synchronize() named ops before hvd.shutdown().")
-        rows, started = exchange(ps, Call(Kind.WAIT, name=held.name))
-        if held.started or started:
+PASSIVE = (Kind.WAIT, Kind.BARRIER)
+
+
+def wait_rounds(ps: ProcessSet, call: Call, done) -> list[list[int]]:
+    """Check rounds for a call that waits for the others (a barrier, a held op's synchronize).
+
+    Returns the rows of the round where ``done(rows)`` holds. Meanwhile, as in Horovod, this
+    rank simply keeps waiting while others run other collectives — they raise (their check
+    finds this call instead of theirs) and come back, which brings ranks that fell out of step
+    after an error on some ranks only together again. When every rank waits and no held op
+    could start, nobody can progress: every rank raises instead of hanging.
+    """
+    while True:
+        rows, started = exchange(ps, call)
+        if done(rows):
+            return rows
+        if started:
             continue
         active = [row for row in rows if row[0] != checks.MAGIC or row[1] != Kind.JOIN]
-        if all(row[0] == checks.MAGIC and row[1] == Kind.WAIT for row in active):
+        if any(row[0] != checks.MAGIC for row in active):
+            raise checks.mismatch(ps, rows)
+        if all(row[1] in PASSIVE for row in active):
             raise RingtrainError(
-                f"every rank waits for a named op that other ranks have not submitted (this rank: "
-                f"{held.what} {held.name!r}; held here: {sorted(ps.held)})",
-                "submit the same named ops on every rank before synchronizing any of them (Horovod would hang).",
+                "every rank waits for the others (in barrier() or in synchronize() of a named op that not every "
+                f"rank has submitted); held on this rank: {sorted(ps.held)}\n" + checks.mismatch(ps, rows).message,
+                "submit the same named ops on every rank before synchronizing any of them, and do not synchronize "
+                "one across a barrier() that the others are in (Horovod would hang).",
             )
-        raise checks.mismatch(ps, rows)
+
+
+def wait_for(held: Held) -> None:
+    """Run check rounds until ``held`` has started."""
+    ps = held.process_set
+    if held.name not in ps.held:
+        raise RingtrainError(f"{held.what} {held.name!r} is no longer held (Horovod was shut down)",
+                             "synchronize() named ops before hvd.shutdown().")
+    wait_rounds(ps, Call(Kind.WAIT, name=held.name), lambda rows: held.started)
+
+
+def barrier(ps: ProcessSet) -> None:
+    """Return once every active member is in this barrier (joined members count as arrived)."""
+    def everyone_here(rows) -> bool:
+        return all(row[0] == checks.MAGIC and row[1] in (Kind.BARRIER, Kind.JOIN) for row in rows)
+
+    wait_rounds(ps, Call(Kind.BARRIER), everyone_here)
 
 
 def _gather_names(ps: ProcessSet, names: list[str]) -> list[list[str]]:
