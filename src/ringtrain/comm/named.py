@@ -118,11 +118,16 @@ def exchange(ps: ProcessSet, call: Call) -> tuple[list[list[int]], bool]:
 
     Returns the rows and whether held ops were started in this round.
     """
+    describe_held(ps, call)
+    rows = checks.exchange(ps, call)
+    return rows, settle(ps, rows)
+
+
+def describe_held(ps: ProcessSet, call: Call) -> None:
+    """Put how many named ops this rank holds, and their names' digest, into ``call``."""
     if not ps.settling and ps.held:
         call.held = len(ps.held)
         call.held_digest = hash_text("\n".join(sorted(ps.held)))
-    rows = checks.exchange(ps, call)
-    return rows, settle(ps, rows)
 
 
 def settle(ps: ProcessSet, rows: list[list[int]]) -> bool:
