@@ -214,6 +214,26 @@ def report(np: int, names: list[str], per_rank: dict, rc: int, seconds: float, l
             "tests": rows}
 
 
+CELL = {"passed": "P", "failed": "F", "error": "E", "skipped": "s", "missing": "-"}
+
+
+def markdown(results: list[dict]) -> str:
+    """One row per test: the verdict and every rank's outcome (P pass, F fail, E error, s skip, - missing)."""
+    head = "| test | " + " | ".join(f"{r['np']} ranks" for r in results) + " |\n"
+    head += "|---|" + "---|" * len(results) + "\n"
+    rows = []
+    for i, row in enumerate(results[0]["tests"]):
+        cells = []
+        for r in results:
+            t = r["tests"][i]
+            cells.append(f"{t['verdict']} ({' '.join(CELL.get(c, '?') for c in t['ranks'])})")
+        rows.append(f"| `{row['test']}` | " + " | ".join(cells) + " |")
+    totals = "| **totals** | " + " | ".join(
+        f"**{r['passed']} / {r['runnable']} pass** ({r['skipped']} skipped, {r['failed']} fail, {r['missing']} missing; "
+        f"{r['seconds']:.0f} s, exit {r['exit']})" for r in results) + " |"
+    return head + "\n".join(rows) + "\n" + totals + "\n"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -225,6 +245,7 @@ def main(argv=None) -> int:
     parser.add_argument("--test-timeout", type=int, default=240, help="seconds one test may take (default 240)")
     parser.add_argument("--total-timeout", type=int, default=2400, help="seconds one job may take (default 2400)")
     parser.add_argument("--json", help="write the outcomes here")
+    parser.add_argument("--markdown", help="write a per-test table of every run here (for docs/benchmarks.md)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (its path is printed)")
     parser.add_argument("--verbose", action="store_true", help="list passing and skipped tests too")
     args = parser.parse_args(argv)
@@ -249,6 +270,9 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"exclude_muon": args.exclude_muon, "runs": results}, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(results))
     return 0 if all(r["failed"] == 0 and r["missing"] == 0 for r in results) else 1
 
 

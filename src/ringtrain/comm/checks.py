@@ -9,8 +9,9 @@ has the same shape whatever was asked for, so it cannot hang on a mismatch, and
 since every rank sees the same gathered rows, every rank raises the same error.
 
 The descriptors also carry what some collectives need anyway — the first
-dimension of each rank's allgather input, who has called ``join()`` — so with
-checks on, an uneven allgather costs no extra round trip.
+dimension of each rank's allgather input, who has called ``join()``, how many
+named ops each rank holds (named.py) — so with checks on, an uneven allgather
+costs no extra round trip.
 
 Checks run on the process set's CPU-capable group (Gloo, or the Gloo twin under
 NCCL) with CPU tensors, whatever device the data is on.

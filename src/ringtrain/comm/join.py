@@ -4,7 +4,9 @@
 takes part, with zeros, in every allreduce the other ranks still run — their
 gradient averages keep flowing — until every rank has joined; it returns the rank
 that joined last. Joined ranks learn what the others run from the metadata check's
-descriptors, so ``join`` needs checks on (the default). As in Horovod, only
+descriptors, so ``join`` needs checks on (the default) — except gradient steps of an
+already verified layout, which send no check (grad_sync.py): for those a joined rank
+keeps zero buckets posted on the set's gradient group. As in Horovod, only
 allreduce (including the DistributedOptimizer's gradient buckets) and barrier may
 run while some ranks have joined; anything else raises on the ranks that called it,
 while the joined ranks keep waiting in ``join()`` (so the others can still join). Averages
