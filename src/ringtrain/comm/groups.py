@@ -53,6 +53,7 @@ class ProcessSet:
         # Named ops (named.py): held until paired by name; names in flight; a settling round.
         self.held: dict = {}
         self.inflight: dict = {}
+        self.inflight_sweep = 256  # forget finished names once this many are recorded
         self.settling = False
 
     # --- Horovod's ProcessSet API ------------------------------------------

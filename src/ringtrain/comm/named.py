@@ -86,11 +86,13 @@ def submit(process_set: ProcessSet, name: str | None, launch, *, check: bool, wh
     """Start ``launch()`` now, or hold it to be paired by ``name`` (named, checked, several ranks)."""
     if name is not None:
         previous = process_set.inflight.get(name)
-        if previous is not None and not previous.poll():
+        if previous is not None and not _done(previous):
             raise DuplicateName(
                 f"{what} was called with name {name!r} while an op of that name is still in flight on this rank",
                 "give concurrent ops distinct names, or synchronize() the first one before reusing its name.",
             )
+    if name is not None and len(process_set.inflight) >= process_set.inflight_sweep:
+        _sweep(process_set)
     if name is not None and check and process_set.size() > 1 and process_set.included():
         held = Held(name, launch, process_set, what)
         process_set.held[name] = held
@@ -100,6 +102,20 @@ def submit(process_set: ProcessSet, name: str | None, launch, *, check: bool, wh
     if name is not None:
         process_set.inflight[name] = handle
     return handle
+
+
+def _done(handle: Handle) -> bool:
+    try:
+        return handle.poll()
+    except RingtrainError:  # it failed: it is no longer in flight (its wait() reports the failure)
+        return True
+
+
+def _sweep(ps: ProcessSet) -> None:
+    """Forget names whose ops are done (scripts often name ops per step: ``f"loss.{step}"``)."""
+    for name in [name for name, handle in ps.inflight.items() if _done(handle)]:
+        del ps.inflight[name]
+    ps.inflight_sweep = max(256, 2 * len(ps.inflight))
 
 
 def forget(process_set: ProcessSet) -> None:
