@@ -124,8 +124,7 @@ def prepare(paths: dict, workdir: str, out: str, exclude_muon: bool) -> str:
 
 
 def run(np: int, parallel: str, out: str, args) -> tuple[int, float, str]:
-    ringtrain = os.path.join(os.path.dirname(sys.executable), "ringtrain")
-    command = [ringtrain, "run", "--horovod", "-np", str(np), "-m", "pytest", "test_torch.py", "-q", "-p",
+    command = [sys.executable, "-m", "ringtrain", "run", "--horovod", "-np", str(np), "-m", "pytest", "test_torch.py", "-q", "-p",
                "no:cacheprovider", f"--timeout={args.test_timeout}", "--timeout-method=thread"]
     if args.k:
         command += ["-k", args.k]

@@ -81,6 +81,11 @@ def named_and_errors() -> dict:
     other = hvd.allreduce_async(x * 10, name="q" if r == 0 else "p", op=hvd.Sum)
     out["late_pair"] = (hvd.synchronize(mine), hvd.synchronize(other))
 
+    # names given per step do not pile up: finished ones are forgotten
+    for step in range(300):
+        hvd.synchronize(hvd.allreduce_async(x, name=f"loss.{step}"))
+    out["names_recorded"] = len(GLOBAL.inflight)
+
     # sparse_allreduce_async returns something callable, as Horovod's does
     dense = torch.zeros(5, 3)
     dense[r] = r + 1.0

@@ -74,6 +74,11 @@ def test_duplicate_name_in_flight_is_a_value_error(named):
         assert torch.equal(res["dup"]["reuse"], torch.cat(x))
 
 
+def test_finished_names_are_forgotten(named):
+    for res in named:
+        assert res["names_recorded"] < 300
+
+
 def test_waits_nobody_can_satisfy_raise_everywhere_then_late_submissions_pair(named):
     x = [torch.full((2,), 1.0), torch.full((2,), 2.0)]
     for rank, res in enumerate(named):
