@@ -19,6 +19,11 @@ warm-up steps. Short alternating segments keep the comparison fair on
 a shared machine whose load drifts. Reported: samples/s over all ranks (median over
 rounds) and the median of the per-round ratios, with its range; and DDP raced against
 itself, the noise floor — a ratio within that floor's spread of 1 says nothing.
+
+On a machine that others load too, wall-clock ratios drift with their load; the CPU time
+the job's processes spend per step (every thread: compute, hooks, Gloo's threads and
+syscalls) moves much less, and an extra collective per step shows there as well. It is
+printed as CPU ms per step (median over rounds) and its ratio to DDP's.
 """
 
 from __future__ import annotations
@@ -77,12 +82,16 @@ class Contestant:
             F.cross_entropy(self.model(x), y).backward()
             self.optimizer.step()
 
-    def timed(self, steps: int) -> float:
+    def timed(self, steps: int) -> tuple[float, float]:
+        """(samples/s over all ranks, CPU ms per step summed over ranks)."""
         dist.barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         self.run(steps)
+        cpu = torch.tensor([time.process_time() - cpu])
         dist.barrier()
-        return steps * len(self.data[0][0]) * dist.get_world_size() / (time.perf_counter() - start)
+        wall = time.perf_counter() - start
+        dist.all_reduce(cpu)
+        return steps * len(self.data[0][0]) * dist.get_world_size() / wall, 1000 * cpu.item() / steps
 
 
 def ddp(workload: str) -> Contestant:
@@ -109,11 +118,11 @@ def horovod(workload: str, fusion_threshold: int | None = None, checks: bool = T
     return Contestant(model, optimizer, shape, batch)
 
 
-def race(contestants: list[Contestant], rounds: int, steps: int) -> list[list[float]]:
-    """Per round, every contestant's samples/s; the starting contestant rotates every round."""
+def race(contestants: list[Contestant], rounds: int, steps: int) -> list[list[tuple[float, float]]]:
+    """Per round, every contestant's (samples/s, CPU ms/step); the starting contestant rotates every round."""
     out = []
     for i in range(rounds):
-        row = [0.0] * len(contestants)
+        row = [(0.0, 0.0)] * len(contestants)
         for k in range(len(contestants)):
             j = (i + k) % len(contestants)
             row[j] = contestants[j].timed(steps)
@@ -152,16 +161,22 @@ def main() -> None:
         rows = results[workload]
 
         def ratio(k: int, rows=rows) -> str:
-            values = [row[k] / row[0] for row in rows]
+            values = [row[k][0] / row[0][0] for row in rows]
             return f"{statistics.median(values):.3f} ({min(values):.2f}-{max(values):.2f})"
 
-        print(f"{workload:<9} {statistics.median(r[0] for r in rows):>7.0f} {statistics.median(r[2] for r in rows):>7.0f} "
-              f"{ratio(2):>19} {ratio(3):>21} {ratio(1):>19}")
+        print(f"{workload:<9} {statistics.median(r[0][0] for r in rows):>7.0f} "
+              f"{statistics.median(r[2][0] for r in rows):>7.0f} {ratio(2):>19} {ratio(3):>21} {ratio(1):>19}")
+    print("\nCPU ms per step, all ranks' processes (median over rounds); DDP's divided by each (>= 1: no costlier):")
+    print(f"{'workload':<9} {'DDP':>7} {'DDP again':>10} {'hvd':>7} {'hvd, no checks':>15} {'DDP/hvd':>8} {'DDP/no checks':>14}")
+    for workload in workloads:
+        cpu = [statistics.median(r[k][1] for r in results[workload]) for k in range(4)]
+        print(f"{workload:<9} {cpu[0]:>7.2f} {cpu[1]:>10.2f} {cpu[2]:>7.2f} {cpu[3]:>15.2f} {cpu[0] / cpu[2]:>8.3f} "
+              f"{cpu[0] / cpu[3]:>14.3f}")
     rows = results["fusion"]
-    ratios = [on / off for on, off in rows]
+    ratios = [on[0] / off[0] for on, off in rows]
     print(f"\nfusion, 100 small layers (200 tensors): "
-          f"on (64 MiB buckets) {statistics.median(on for on, _ in rows):.0f} samples/s, "
-          f"off (threshold 0) {statistics.median(off for _, off in rows):.0f} samples/s, "
+          f"on (64 MiB buckets) {statistics.median(on[0] for on, _ in rows):.0f} samples/s, "
+          f"off (threshold 0) {statistics.median(off[0] for _, off in rows):.0f} samples/s, "
           f"on/off {statistics.median(ratios):.2f}x (range {min(ratios):.2f}-{max(ratios):.2f})")
 
 

@@ -118,12 +118,21 @@ def flat(model) -> torch.Tensor:
 
 
 def reference(optimizer_factory, n: int, steps: int, k: int = 1, loss_scale: float = 1.0, clip=None,
-              extra_rank0_steps: int = 0):
-    """One process, the combined batch of all ranks each step."""
+              extra_rank0_steps: int = 0, horovod_init: bool = True):
+    """One process, the combined batch of all ranks each step.
+
+    ``horovod_init``: first what Horovod's ``broadcast_optimizer_state`` does to a fresh
+    optimizer — zero gradients and one step (Adam then counts that step) — as
+    ``hvd.broadcast_optimizer_state`` must; the ``hvd`` strategy does not.
+    """
     import torch.nn.functional as F
 
     model = make_model(100)
     optimizer = optimizer_factory(model.parameters())
+    if horovod_init:
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
     for step in range(steps + extra_rank0_steps):
         if step < steps:
             x, y = block(step, n, k)

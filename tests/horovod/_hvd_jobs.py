@@ -73,7 +73,7 @@ def _matrix(modes) -> dict:
         x = value(r, dtype, (sum(splits), 2), "a2a")
         got, received = hvd.alltoall(x, splits=splits)
         out[("alltoall", d, "splits")] = (got, received)
-        out[("alltoall", d, "async")] = hvd.synchronize(hvd.alltoall_async(x, splits=torch.tensor(splits)))
+        out[("alltoall", d, "async")] = hvd.synchronize(hvd.alltoall_async(x, splits=torch.tensor(splits, dtype=torch.int32)))
         x = value(r, dtype, (2 * n, 3), "a2a-even")
         out[("alltoall", d, "even")] = hvd.alltoall(x)
         for op in ("Sum", "Average", "Min", "Max"):
@@ -416,9 +416,16 @@ def _optimizer_states() -> dict:
             optimizer.zero_grad()
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     out["trained"] = optimizer.state_dict()
-    fresh = torch.optim.SGD(make_model(1).parameters(), lr=0.3 if r == 0 else 0.7, momentum=0.5)
-    before = flat(make_model(1))
+    fresh_model = make_model(1)
+    fresh = torch.optim.SGD(fresh_model.parameters(), lr=0.3 if r == 0 else 0.7, momentum=0.5)
+    before = flat(fresh_model)
     hvd.broadcast_optimizer_state(fresh, root_rank=0)
     out["fresh"] = fresh.state_dict()
-    out["fresh_params_unchanged"] = torch.equal(before, flat(make_model(1)))
+    out["fresh_params_unchanged"] = torch.equal(before, flat(fresh_model))
+    out["fresh_grads"] = [None if p.grad is None else p.grad.abs().sum().item() for p in fresh_model.parameters()]
+    # Horovod's signature: broadcast_optimizer_state(optimizer, root_rank, model=None), model positional
+    sparse_model = torch.nn.Embedding(5, 2, sparse=True)
+    sparse_opt = torch.optim.SGD(sparse_model.parameters(), lr=0.1)
+    hvd.broadcast_optimizer_state(sparse_opt, 0, sparse_model)
+    out["sparse_init_grad_is_sparse"] = sparse_model.weight.grad.is_sparse
     return out

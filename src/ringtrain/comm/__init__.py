@@ -8,6 +8,8 @@ faces on this one core (DESIGN.md: "horovod/ is a face, not a second core"):
   alltoall, barrier, join; every dtype Horovod accepts, bytes moved faithfully.
 * ``checks`` — the per-collective metadata check that turns a mismatch into an
   error on every rank instead of a hang.
+* ``named`` — asynchronous ops paired across ranks by name (Horovod's rule), held
+  until every rank has submitted them; duplicate names in flight raise ValueError.
 * ``groups`` — process sets.
 * ``grad_sync`` / ``optimizer`` — gradient hooks with fusion buckets, compression,
   backward_passes_per_step, and the DistributedOptimizer (Adasum delta variant too).
@@ -20,17 +22,21 @@ from .grad_sync import DEFAULT_FUSION_THRESHOLD, GradientSync
 from .groups import GLOBAL, ProcessSet, ProcessSetTable
 from .handles import CollectiveFailure, Handle
 from .join import barrier, join
+from .named import DuplicateName, Held
+from .named import submit as submit_named
 from .move import allgather, alltoall, broadcast, grouped_allgather
 from .ops import ReduceOp
-from .optimizer import distributed_optimizer, is_distributed
+from .optimizer import distributed_optimizer, is_distributed, local_step
 from .reduce import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter, split_rows
-from .state import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from .state import (allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
+                    initialize_state)
 
 __all__ = [
     "Compression", "Compressor", "FP16Compressor", "NoneCompressor", "DEFAULT_FUSION_THRESHOLD", "GradientSync",
     "GLOBAL", "ProcessSet", "ProcessSetTable", "CollectiveFailure", "Handle", "ReduceOp", "adasum_combine",
     "allreduce", "grouped_allreduce", "reducescatter", "grouped_reducescatter", "split_rows",
     "allgather", "grouped_allgather", "broadcast", "alltoall", "barrier", "join",
-    "distributed_optimizer", "is_distributed",
+    "DuplicateName", "Held", "submit_named",
+    "distributed_optimizer", "is_distributed", "local_step", "initialize_state",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
 ]

@@ -9,8 +9,9 @@ has the same shape whatever was asked for, so it cannot hang on a mismatch, and
 since every rank sees the same gathered rows, every rank raises the same error.
 
 The descriptors also carry what some collectives need anyway — the first
-dimension of each rank's allgather input, who has called ``join()`` — so with
-checks on, an uneven allgather costs no extra round trip.
+dimension of each rank's allgather input, who has called ``join()``, how many
+named ops each rank holds (named.py) — so with checks on, an uneven allgather
+costs no extra round trip.
 
 Checks run on the process set's CPU-capable group (Gloo, or the Gloo twin under
 NCCL) with CPU tensors, whatever device the data is on.
@@ -28,7 +29,7 @@ from ..errors import RingtrainError
 from .groups import ProcessSet
 from .ops import CODE_DTYPE, ReduceOp, all_gather_flat, dtype_code
 
-WIDTH = 16
+WIDTH = 18
 MAGIC = 0x52494E47  # "RING": a row without it was not written by a check
 _DIMS = 8  # dims shown in messages; the full shape is in the hash
 
@@ -43,12 +44,21 @@ class Kind(enum.IntEnum):
     ADASUM = 7
     GRAD_SYNC = 8
     JOIN = 9
+    WAIT = 10  # waiting for a held named op to start (named.py)
+    SETTLED = 11  # held ops started; joined ranks stop serving (named.py)
 
 
 # Fields: 0 magic, 1 kind, 2 dtype (+1000 on CUDA), 3 op, 4 root, 5 ndim, 6..13 dims,
-# 14 hash of everything that must agree, 15 aux (allgather rows, join round, buckets).
+# 14 hash of everything that must agree, 15 aux (allgather rows, join round, buckets),
+# 16 number of named ops this rank holds, 17 digest of their names (named.py).
 COMPARED = (0, 1, 2, 3, 4, 5, 14)
+HELD, HELD_DIGEST = 16, 17
 CUDA_FLAG = 1000
+
+
+class InvalidArgument(RingtrainError, ValueError):
+    """Arguments a collective rejects before running, where Horovod raises ``ValueError``
+    (its ``Status::InvalidArgument``) — still a RingtrainError with a hint."""
 
 
 @dataclass
@@ -64,6 +74,8 @@ class Call:
     agree: str = ""  # anything else every rank must match (full shape, scale factors, layout)
     aux: int = 0
     name: str | None = None
+    held: int = 0
+    held_digest: int = 0
 
 
 def hash_text(text: str) -> int:
@@ -76,7 +88,7 @@ def _encode(call: Call) -> list[int]:
         code += CUDA_FLAG
     dims = list(call.shape)[:_DIMS] + [-1] * (_DIMS - min(len(call.shape), _DIMS))
     return [MAGIC, int(call.kind), code, int(call.op), int(call.root), len(call.shape), *dims,
-            hash_text(call.agree), int(call.aux)]
+            hash_text(call.agree), int(call.aux), int(call.held), int(call.held_digest)]
 
 
 def exchange(ps: ProcessSet, call: Call) -> list[list[int]]:
@@ -107,6 +119,10 @@ def describe(row: list[int]) -> str:
         return "join()"
     if kind == Kind.BARRIER:
         return "barrier()"
+    if kind == Kind.WAIT:
+        return "synchronize() of a named op not yet submitted everywhere"
+    if kind == Kind.SETTLED:
+        return "starting named ops"
     code = row[2]
     device = "cuda " if code >= CUDA_FLAG else ""
     dtype = CODE_DTYPE.get(code % CUDA_FLAG)

@@ -21,9 +21,15 @@ with the payload: a parameter that got no gradient on any rank keeps ``grad=None
 (so optimizers skip it, as on one process); one that got a gradient on some ranks
 only is averaged with zeros from the others, as DDP does.
 
-With checks on, the first bucket of each step is preceded by one metadata check of
-the whole layout (not one per bucket), so a rank with a different model raises
-instead of reducing garbage, and ranks that called ``join()`` can mirror the buckets.
+With checks on, a layout is checked once (one blocking metadata check before its first
+bucket, so a rank with a different model raises instead of reducing garbage), and again
+only when the set last ran another layout — not every step: a per-step check is one more
+engine round trip per step, 5-15 % of a small model's step on CPU (issue 11). Buckets
+travel on the process set's gradient group, apart from the check rounds, so a rank that
+has called ``join()`` can keep zero buckets of the verified layout posted there while it
+waits for check rounds (join.py); each bucket carries one more slot, 1 from every rank
+that really stepped, so a joined rank tells a real step from the zeros other joined ranks
+(or a flush) sent.
 """
 
 from __future__ import annotations
@@ -35,8 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import RingtrainError
-from . import join as join_module
-from . import checks, validate
+from . import validate
 from .checks import Call, Kind, hash_text
 from .compression import NoneCompressor
 from .groups import ProcessSet
@@ -60,7 +65,8 @@ class _Bucket:
         self.offsets = [sum(self.numels[:i]) for i in range(len(params))]
         self.numel = sum(self.numels)
         self.dtype, self.device = params[0].dtype, params[0].device
-        self.buffer = torch.zeros(self.numel + len(params), dtype=self.dtype, device=self.device)
+        # payload, one "had a gradient" flag per parameter, one "a rank that really stepped" slot
+        self.buffer = torch.zeros(self.numel + len(params) + 1, dtype=self.dtype, device=self.device)
         self.ready = 0
         self.pending = None  # (work, wire, ctx, payload numel, payload shape)
 
@@ -84,7 +90,7 @@ class _Bucket:
                 pieces.append((grad.to_dense() if grad.is_sparse else grad).reshape(-1))
                 flags.append(1)
         torch.cat(pieces, out=self.payload)
-        self.flags.copy_(torch.tensor(flags, dtype=self.dtype))
+        self.flags.copy_(torch.tensor(flags + [1], dtype=self.dtype))
 
     def clear(self) -> None:
         self.ready = 0
@@ -145,14 +151,15 @@ class GradientSync:
         self._delay = {id(p): backward_passes_per_step for p in self.params}
         self._next = 0
         self._started = False
-        self._verified = False
-        self._step_check = None
         self.layout = (f"{self.op.name} {prescale!r} {postscale!r} {getattr(compression, '__name__', compression)} "
                        + "; ".join(f"{b.dtype} {[tuple(p.shape) for p in b.params]}" for b in self.buckets))
+        self.layout_hash = hash_text(self.layout)
         self._hooks = []
         self.detached = False
-        if process_set.size() > 1:
-            _LIVE[hash_text(self.layout)] = self
+        # Ranks outside the process set keep their gradients (Horovod: no hooks, synchronize() does nothing).
+        self.member = process_set.included()
+        if process_set.size() > 1 and self.member:
+            _LIVE[self.layout_hash] = self
             self._claim()
             self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, id(p)))
                            for p in self.params]
@@ -214,24 +221,31 @@ class GradientSync:
         return torch.cat([flat, bucket.flags.to(flat.dtype)]), ctx, flat.numel(), compressed.shape
 
     def _launch(self, bucket: _Bucket) -> None:
+        ps = self.process_set
         if not self._started:
             self._started = True
-            if self.check and self.process_set.size() > 1:
-                if not self._verified:
-                    # First step: a blocking check, so a rank with another model raises before
-                    # any bucket is reduced (mismatched bucket sizes would hang the engine).
-                    validate.run(self.process_set, self._layout_call(), True, allow_joined=True)
-                    self._verified = True
-                else:
-                    # Later steps: the layout is known to agree; the descriptor still goes out (ranks
-                    # that joined learn from it what to mirror) but is only read in synchronize(),
-                    # so backward never waits for it.
-                    self._step_check = checks.exchange_async(self.process_set, self._layout_call())
+            ps.grad_steps += 1
+            if self.check and ps.size() > 1 and (ps.grad_layout is None or ps.grad_layout[0] != self.layout_hash):
+                # Blocking, so a rank with another model raises before any bucket is reduced
+                # (mismatched bucket sizes would hang the engine). Once per layout, not per step.
+                rows = validate.run(ps, self._layout_call(), True, allow_joined=True)
+                if ps.grad_layout is not None and any(row[1] == Kind.JOIN for row in rows):
+                    flush(ps.grad_layout[1], ps)  # joined ranks hold zero buckets of the old layout
+                ps.grad_layout = (self.layout_hash, self.wire_spec())
         buffer, ctx, size, shape = self._wire(bucket)
         scale_(buffer[:size], self.prescale)
         _, engine_op = wire(buffer.dtype, self.op)
-        work = dist.all_reduce(buffer, op=engine_op, group=self.process_set.group_for(buffer), async_op=True)
+        work = dist.all_reduce(buffer, op=engine_op, group=ps.grad_group_for(buffer), async_op=True)
         bucket.pending = (work, buffer, ctx, size, shape)
+
+    def wire_spec(self) -> list[tuple]:
+        """What each bucket's engine call moves: (numel, dtype, device, engine op) — what a joined
+        rank posts zeros of."""
+        spec = []
+        for bucket in self.buckets:
+            buffer, _, _, _ = self._wire(bucket)
+            spec.append((buffer.numel(), buffer.dtype, buffer.device, wire(buffer.dtype, self.op)[1]))
+        return spec
 
     # --- at step ----------------------------------------------------------------
     @property
@@ -247,12 +261,8 @@ class GradientSync:
                 "which now reduces their gradients",
                 "step the newest DistributedOptimizer; the older one no longer synchronizes anything.",
             )
-        if self.process_set.size() > 1 and self.buckets:
+        if self.process_set.size() > 1 and self.buckets and self.member:
             self._launch_in_order(force=True)
-            if self._step_check is not None:
-                rows = self._step_check.wait()
-                self._step_check = None
-                validate.compare(self.process_set, rows, allow_joined=True)
             for bucket in self.buckets:
                 self._complete(bucket)
         self._reset()
@@ -264,7 +274,7 @@ class GradientSync:
         if result.dtype != bucket.dtype:
             result = result.to(bucket.dtype)
         finish_(result, self.op, self.postscale, self.process_set.size())
-        flags = buffer[size:].tolist()
+        flags = buffer[size:size + len(bucket.params)].tolist()
         with torch.no_grad():
             for slot, p in enumerate(bucket.params):
                 if flags[slot] <= 0:
@@ -273,6 +283,11 @@ class GradientSync:
                 value = result[start:start + bucket.numels[slot]].view(p.shape)
                 if p.grad is None:
                     p.grad = value.clone()
+                elif p.grad.is_sparse:
+                    # Sparse gradients (nn.Embedding(sparse=True)) were reduced densely; they go back
+                    # sparse, as Horovod writes them (``p.grad.zero_().add_(aggregated.to_sparse())``),
+                    # so optimizers that need sparse gradients (SparseAdam) still get them.
+                    p.grad = value.to_sparse()
                 else:
                     p.grad.copy_(value)
 
@@ -289,9 +304,6 @@ class GradientSync:
         for bucket in self.buckets:
             if bucket.pending is not None:
                 bucket.pending[0].wait()
-        if self._step_check is not None:
-            self._step_check.wait()
-            self._step_check = None
         self._reset()
 
     def set_backward_passes_per_step(self, passes: int) -> None:
@@ -305,29 +317,32 @@ class GradientSync:
             hook.remove()
         self._hooks = []
 
-    def mirror_for_join(self) -> None:
-        """Take part in this layout's bucket reductions with zeros (this rank has joined)."""
-        for bucket in self.buckets:
-            buffer, _, _, _ = self._wire(bucket)
-            zeros = torch.zeros_like(buffer)
-            _, engine_op = wire(zeros.dtype, self.op)
-            dist.all_reduce(zeros, op=engine_op, group=self.process_set.group_for(zeros))
-
-
 def _positive(passes) -> None:
     if not isinstance(passes, int) or passes < 1:
         raise RingtrainError(f"backward_passes_per_step={passes!r}", "use a positive integer (1 = no accumulation).")
 
 
-def _mirror(row: list[int], ps: ProcessSet) -> None:
-    sync = _LIVE.get(row[14])
+def spec_of(layout_hash: int) -> list[tuple]:
+    """The wire spec of this rank's gradient layout with that hash (a joined rank mirrors it)."""
+    sync = _LIVE.get(layout_hash)
     if sync is None:
         raise RingtrainError(
             "this rank has joined, and the other ranks are synchronising gradients of a DistributedOptimizer "
             "that this rank does not have",
             "create the same DistributedOptimizer (same model) on every rank before any rank joins.",
         )
-    sync.mirror_for_join()
+    return sync.wire_spec()
 
 
-join_module.MIRRORS[Kind.GRAD_SYNC] = _mirror
+def post_zeros(spec: list[tuple], ps: ProcessSet) -> list:
+    """Zero buckets of ``spec`` on the gradient group, started now: (buffers, works)."""
+    buffers = [torch.zeros(numel, dtype=dtype, device=device) for numel, dtype, device, _ in spec]
+    works = [dist.all_reduce(b, op=op, group=ps.grad_group_for(b), async_op=True)
+             for b, (_, _, _, op) in zip(buffers, spec)]
+    return [buffers, works]
+
+
+def flush(spec: list[tuple], ps: ProcessSet) -> None:
+    """Complete the zero buckets that joined ranks hold posted for ``spec`` (all zeros: nobody stepped)."""
+    for work in post_zeros(spec, ps)[1]:
+        work.wait()

@@ -40,9 +40,21 @@ class ProcessSet:
         self.process_set_id: int | None = 0 if ranks is None else None
         self._group = None  # None = the default group
         self._cpu_group = None
-        self._bound_world = None  # the default group the Gloo twin was made for
+        # Gradient buckets travel on groups of their own, so a rank that has joined can keep
+        # zero buckets posted there while it waits for check rounds on the main group (join.py).
+        self._grad_group = None
+        self._grad_cpu_group = None
+        self._bound_world = None  # the default group the global set's groups were made for
+        # The gradient layout last verified on this set: (layout hash, wire spec) (grad_sync.py).
+        self.grad_layout = None
         # Number of metadata checks this rank has run on this set (join uses it).
         self.check_rounds = 0
+        self.grad_steps = 0  # gradient steps run on this set (join uses it too)
+        # Named ops (named.py): held until paired by name; names in flight; a settling round.
+        self.held: dict = {}
+        self.inflight: dict = {}
+        self.inflight_sweep = 256  # forget finished names once this many are recorded
+        self.settling = False
 
     # --- Horovod's ProcessSet API ------------------------------------------
     @property
@@ -86,6 +98,12 @@ class ProcessSet:
             return self._cpu_group
         return self._group
 
+    def grad_group_for(self, tensor: torch.Tensor):
+        """The engine group for gradient buckets (the Gloo twin of it for CPU tensors under NCCL)."""
+        if self._grad_cpu_group is not None and tensor.device.type == "cpu":
+            return self._grad_cpu_group
+        return self._grad_group
+
     def require_member(self, what: str) -> None:
         if not self.included():
             raise RingtrainError(
@@ -106,8 +124,10 @@ class ProcessSet:
         needs_cpu_twin = default_backend == "nccl"
         if self._ranks is None:
             world = dist.group.WORLD
-            if needs_cpu_twin and (self._cpu_group is None or self._bound_world is not world):
-                self._cpu_group = dist.new_group(backend="gloo")
+            if self._bound_world is not world:
+                self._cpu_group = dist.new_group(backend="gloo") if needs_cpu_twin else None
+                self._grad_group = dist.new_group()
+                self._grad_cpu_group = dist.new_group(backend="gloo") if needs_cpu_twin else None
                 self._bound_world = world
             return
         bad = [r for r in self._ranks if not 0 <= r < _world_size()]
@@ -117,14 +137,17 @@ class ProcessSet:
                 f"use ranks in [0, {_world_size()}).",
             )
         self._group = dist.new_group(self._ranks)
+        self._grad_group = dist.new_group(self._ranks)
         if needs_cpu_twin:
             self._cpu_group = dist.new_group(self._ranks, backend="gloo")
+            self._grad_cpu_group = dist.new_group(self._ranks, backend="gloo")
 
     def unbind(self) -> None:
-        for group in (self._group, self._cpu_group):
+        for group in (self._group, self._cpu_group, self._grad_group, self._grad_cpu_group):
             if group is not None and self.included() and dist.is_initialized():
                 dist.destroy_process_group(group)
-        self._group = self._cpu_group = None
+        self._group = self._cpu_group = self._grad_group = self._grad_cpu_group = None
+        self.grad_layout = None
 
 
 GLOBAL = ProcessSet(None)
@@ -161,14 +184,22 @@ class ProcessSetTable:
             return False
         found.unbind()
         found.process_set_id = None
+        from .named import forget
+
+        forget(found)
         return True
 
     def reset(self) -> None:
         for ps in list(self._sets.values()):
             if ps is not GLOBAL:
-                ps._group = ps._cpu_group = None
+                ps._group = ps._cpu_group = ps._grad_group = ps._grad_cpu_group = None
                 ps.process_set_id = None
-        GLOBAL.check_rounds = 0  # its Gloo twin stays with the default group it was made for
+            ps.grad_layout = None
+        GLOBAL.check_rounds = GLOBAL.grad_steps = 0  # its Gloo twin stays with the default group it was made for
+        from .named import forget
+
+        for ps in [GLOBAL, *self._sets.values()]:
+            forget(ps)
         self._sets = {0: GLOBAL}
         self._next_id = 1
 

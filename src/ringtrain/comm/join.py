@@ -4,26 +4,28 @@
 takes part, with zeros, in every allreduce the other ranks still run — their
 gradient averages keep flowing — until every rank has joined; it returns the rank
 that joined last. Joined ranks learn what the others run from the metadata check's
-descriptors, so ``join`` needs checks on (the default). As in Horovod, only
+descriptors, so ``join`` needs checks on (the default) — except gradient steps of an
+already verified layout, which send no check (grad_sync.py): for those a joined rank
+keeps zero buckets posted on the set's gradient group. As in Horovod, only
 allreduce (including the DistributedOptimizer's gradient buckets) and barrier may
-run while some ranks have joined; anything else raises on every rank. Averages
+run while some ranks have joined; anything else raises on the ranks that called it,
+while the joined ranks keep waiting in ``join()`` (so the others can still join). Averages
 keep dividing by the full set size, like DDP's join (``divide_by_initial_world_size``).
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
 from ..errors import RingtrainError
-from . import checks, validate
+from . import checks, grad_sync, named, validate
 from .checks import Call, Kind
 from .groups import ProcessSet
 from .ops import CODE_DTYPE, ReduceOp, wire
 
-# Mirrors for composite operations whose descriptor names a registered object
-# (grad_sync registers its gradient buckets here): kind -> fn(row, process_set).
-MIRRORS: dict = {}
 
 
 def barrier(*, process_set: ProcessSet, check: bool = True) -> None:
@@ -32,7 +34,7 @@ def barrier(*, process_set: ProcessSet, check: bool = True) -> None:
         return
     if check:
         # The check's all_gather is itself a barrier: nobody leaves before everybody arrived.
-        validate.run(process_set, Call(Kind.BARRIER), True, allow_joined=True)
+        named.barrier(process_set)
         return
     dist.barrier(group=process_set.group_for(None))
 
@@ -48,33 +50,99 @@ def join(*, process_set: ProcessSet, check: bool = True, device=None) -> int:
             "in from the checks",
             "leave checks on (the default) in jobs that use join().",
         )
-    joined_at = process_set.check_rounds
+    # When this rank joined, counted in what every member takes part in: check rounds and gradient
+    # steps (joined ranks count the steps they serve). The highest count joined last (ties: highest rank).
+    joined_at = process_set.check_rounds + process_set.grad_steps
+    mirror = _Mirror(process_set)
     while True:
-        rows = checks.exchange(process_set, Call(Kind.JOIN, aux=joined_at))
-        active = [i for i, row in enumerate(rows) if row[0] != checks.MAGIC or row[1] != Kind.JOIN]
-        if not active:
+        rows = _round(process_set, Call(Kind.JOIN, aux=joined_at), mirror)
+        if all(row[0] == checks.MAGIC and row[1] == Kind.JOIN for row in rows):
+            mirror.drain()
             last = max(range(len(rows)), key=lambda i: (rows[i][15], i))
             return process_set.global_rank(last)
-        bad = [process_set.global_rank(i) for i in active if rows[i][3] == validate.INVALID_OP]
-        if bad:  # the others raise now; so must we, or we would wait for them forever
-            raise RingtrainError(
-                f"while this rank was joined, rank(s) {bad} called a collective with invalid arguments",
-                f"see the error raised on rank(s) {bad}.",
-            )
-        reference = rows[active[0]]
-        if any(rows[i][0] != checks.MAGIC or any(rows[i][f] != reference[f] for f in checks.COMPARED)
-               for i in active):
-            raise checks.mismatch(process_set, rows)
-        kind = reference[1]
-        if kind == Kind.BARRIER:
-            continue
-        if kind == Kind.ALLREDUCE:
-            _zeros_allreduce(reference, process_set, device)
-        elif kind in MIRRORS:
-            MIRRORS[kind](reference, process_set)
+        serve(rows, process_set, device, mirror)
+
+
+def _round(ps: ProcessSet, call: Call, mirror: "_Mirror") -> list[list[int]]:
+    """One check round, while serving the gradient steps the others run meanwhile (they send no check)."""
+    named.describe_held(ps, call)
+    pending = checks.exchange_async(ps, call)
+    pause = 0.0002
+    while not pending.poll():
+        if mirror.serve_completed():
+            pause = 0.0002
         else:
-            joined = [i for i, row in enumerate(rows) if row[0] == checks.MAGIC and row[1] == Kind.JOIN]
-            raise validate.joined_error(process_set, reference, joined)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)  # joined ranks are idle: do not take CPU from the others
+    rows = pending.wait()
+    named.settle(ps, rows)
+    return rows
+
+
+class _Mirror:
+    """Zero gradient buckets of the set's verified layout, kept posted on its gradient group.
+
+    The others verify a layout once and then step without a check round (grad_sync.py), so
+    this rank cannot learn of each step; its posted zeros take part in whatever step comes.
+    A step's bucket says whether some rank really stepped (then post again) or only joined
+    ranks' zeros or a flush completed it (the layout changed, or everyone has joined).
+    """
+
+    def __init__(self, ps: ProcessSet):
+        self.ps = ps
+        self.posted = grad_sync.post_zeros(ps.grad_layout[1], ps) if ps.grad_layout is not None else None
+
+    def _real_step(self) -> bool:
+        buffers, works = self.posted
+        for work in works:
+            work.wait()
+        real = bool(buffers[0][-1].item() > 0)
+        self.ps.grad_steps += real
+        return real
+
+    def serve_completed(self) -> bool:
+        """If a step completed the posted zeros, post the next; True when one did."""
+        if self.posted is None or not all(w.is_completed() for w in self.posted[1]):
+            return False
+        if self._real_step():
+            self.posted = grad_sync.post_zeros(self.ps.grad_layout[1], self.ps)
+            return True
+        self.posted = None  # a flush or the final drain: the check round that caused it is on its way
+        return False
+
+    def switch(self, layout_hash: int) -> None:
+        """The others verified another layout (after completing our posted zeros with a flush)."""
+        while self.posted is not None and self._real_step():
+            self.posted = grad_sync.post_zeros(self.ps.grad_layout[1], self.ps)
+        spec = grad_sync.spec_of(layout_hash)
+        self.ps.grad_layout = (layout_hash, spec)
+        self.posted = grad_sync.post_zeros(spec, self.ps)
+
+    def drain(self) -> None:
+        """Everyone has joined; every rank's posted zeros complete each other's."""
+        while self.posted is not None and self._real_step():  # a last step not yet seen
+            self.posted = grad_sync.post_zeros(self.ps.grad_layout[1], self.ps)
+        self.posted = None
+
+
+def serve(rows: list[list[int]], ps: ProcessSet, device=None, mirror: _Mirror | None = None) -> None:
+    """A joined rank's part in what the active ranks run now (described by ``rows``).
+
+    Allreduces get zeros, a newly verified gradient layout gets zero buckets posted;
+    anything else is the active ranks' error to raise — invalid arguments, mismatched
+    calls, or an op joined ranks cannot take part in — and this rank, as in Horovod,
+    just keeps waiting for the next round.
+    """
+    active = [row for row in rows if row[0] != checks.MAGIC or row[1] != Kind.JOIN]
+    reference = active[0]
+    if any(row[0] != checks.MAGIC or row[3] == validate.INVALID_OP for row in active) or any(
+            row[f] != reference[f] for row in active for f in checks.COMPARED):
+        return
+    kind = reference[1]
+    if kind == Kind.ALLREDUCE:
+        _zeros_allreduce(reference, ps, device)
+    elif kind == Kind.GRAD_SYNC and mirror is not None:
+        mirror.switch(reference[14])
 
 
 def _zeros_allreduce(row: list[int], ps: ProcessSet, device) -> None:

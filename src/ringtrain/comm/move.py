@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from ..errors import RingtrainError
 from . import validate
+from .validate import InvalidArgument
 from .checks import Call, Kind
 from .groups import ProcessSet
 from .handles import Handle
@@ -123,7 +124,7 @@ def alltoall(tensor: torch.Tensor, splits=None, *, process_set: ProcessSet, chec
     validate.run(process_set, call, check, problem)
     rest = tuple(t.shape[1:])
     if n == 1:
-        return Handle.completed((t.clone(), torch.tensor(send, dtype=torch.int32)), what=what)
+        return Handle.completed((t[:sum(send)].clone(), torch.tensor(send, dtype=torch.int32)), what=what)
     group = process_set.group_for(t)
     sent = torch.tensor(send, dtype=torch.int64)
     received = torch.empty(n, dtype=torch.int64)
@@ -133,7 +134,8 @@ def alltoall(tensor: torch.Tensor, splits=None, *, process_set: ProcessSet, chec
     out = torch.empty((sum(recv), width), dtype=torch.uint8, device=t.device)
     works = []
     if width:  # the same decision on every rank (trailing dims were checked), or ranks would part ways
-        works.append(dist.all_to_all_single(out, byte_rows(t), output_split_sizes=recv, input_split_sizes=send,
+        source = byte_rows(t)[:sum(send)]  # Horovod leaves rows past the splits' sum unsent
+        works.append(dist.all_to_all_single(out, source, output_split_sizes=recv, input_split_sizes=send,
                                             group=group, async_op=True))
 
     def finish():
@@ -143,21 +145,42 @@ def alltoall(tensor: torch.Tensor, splits=None, *, process_set: ProcessSet, chec
 
 
 def _splits(t: torch.Tensor, splits, n: int) -> tuple[list[int], RingtrainError | None]:
+    """Horovod's rules (horovod/common/operations.cc, EnqueueTensorAlltoall): splits are 32-bit
+    integers, one per member, adding up to at most the first dimension (rows past the sum are not
+    sent); without splits the first dimension must divide evenly. Violations are ValueErrors."""
     if t.dim() == 0:
-        return [0] * n, RingtrainError("alltoall got a 0-d tensor", "pass a tensor with at least one dimension.")
+        return [0] * n, InvalidArgument("alltoall got a 0-d tensor", "pass a tensor with at least one dimension.")
     rows = t.shape[0]
     if splits is None:
         if rows % n:
-            return [0] * n, RingtrainError(
+            return [0] * n, InvalidArgument(
                 f"alltoall without splits divides the first dimension equally, but {rows} rows do not "
                 f"divide among {n} ranks",
                 "pass splits=[rows for rank 0, rows for rank 1, ...] adding up to the first dimension.",
             )
         return [rows // n] * n, None
-    values = splits.tolist() if isinstance(splits, torch.Tensor) else list(splits)
-    if len(values) != n or any(int(v) < 0 for v in values) or sum(int(v) for v in values) != rows:
-        return [0] * n, RingtrainError(
-            f"alltoall got splits={values} for a tensor with {rows} rows on {n} ranks",
-            f"give {n} non-negative counts that add up to the first dimension ({rows}).",
+    if isinstance(splits, torch.Tensor):
+        if splits.dim() > 1:
+            return [0] * n, InvalidArgument(f"alltoall got a {splits.dim()}-d splits tensor",
+                                            "pass a 1-d tensor (or a list) of row counts, one per rank.")
+        if splits.dtype != torch.int32:
+            return [0] * n, InvalidArgument(
+                f"alltoall got splits of dtype {str(splits.dtype).replace('torch.', '')}; they must be 32-bit "
+                "integers (as in Horovod)",
+                "pass torch.tensor(splits, dtype=torch.int32), or a plain list of ints.",
+            )
+        values = [int(v) for v in splits.tolist()]
+    else:
+        values = [int(v) for v in splits]
+    if len(values) != n:
+        return [0] * n, InvalidArgument(
+            f"alltoall got {len(values)} splits for {n} ranks",
+            f"give one row count per rank of the process set ({n}).",
         )
-    return [int(v) for v in values], None
+    if any(v < 0 for v in values) or sum(values) > rows:
+        return [0] * n, InvalidArgument(
+            f"alltoall got splits={values} for a tensor with {rows} rows; the splits add up to more rows "
+            "than there are, or one is negative",
+            f"give {n} non-negative counts adding up to at most the first dimension ({rows}).",
+        )
+    return values, None

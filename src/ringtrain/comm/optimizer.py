@@ -147,10 +147,14 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, named_parameters=Non
                              "wrap the plain optimizer once.")
     if gradient_predivide_factor != 1.0 and op != ReduceOp.AVERAGE:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
-    process_set.require_member("DistributedOptimizer")
+    # Ranks outside the set get an optimizer with no hooks whose synchronize() does nothing, so they
+    # step on their own gradients, as in Horovod (horovod/torch/optimizer.py: hooks only if included()).
+    member = process_set.included()
+    if member:
+        process_set.require_member("DistributedOptimizer")
     names = _names(optimizer, named_parameters)
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    if op == ReduceOp.ADASUM and process_set.size() > 1:
+    if op == ReduceOp.ADASUM and process_set.size() > 1 and member:
         wrapped = _derive(optimizer, _DistributedAdasum)
         wrapped._compression = compression
         wrapped._process_set = process_set
@@ -181,14 +185,24 @@ def _derive(optimizer, mixin):
     return wrapped
 
 
+def local_step(optimizer, closure=None):
+    """``step()`` of the optimizer's own class: no gradient averaging, no Adasum exchange."""
+    if isinstance(optimizer, _Distributed):
+        return super(_Distributed, optimizer).step(closure)
+    if isinstance(optimizer, _DistributedAdasum):
+        return super(_DistributedAdasum, optimizer).step(closure)
+    return optimizer.step(closure)
+
+
 def is_distributed(optimizer) -> bool:
     return isinstance(optimizer, (_Distributed, _DistributedAdasum))
 
 
 def _names(optimizer, named_parameters) -> dict:
     """Horovod's checks on ``named_parameters`` (same ValueErrors), returning param -> name by id."""
-    if named_parameters is None:
-        return {id(p): f"allreduce.noname.{i}" for group in optimizer.param_groups for i, p in enumerate(group["params"])}
+    if named_parameters is None:  # Horovod's names: group index and position, unique across groups
+        return {id(p): f"allreduce.noname.{i}.{j}" for i, group in enumerate(optimizer.param_groups)
+                for j, p in enumerate(group["params"])}
     named = list(named_parameters)
     if any(not isinstance(item, tuple) for item in named):
         raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually produced by "

@@ -6,10 +6,12 @@ whole ``state_dict`` — structure and scalars as one pickled object, tensors fu
 and loads it everywhere, so ranks end identical whatever their own state was:
 fresh (empty) optimizers, different step counts, changed learning rates.
 
-Horovod (horovod/torch/functions.py) instead initialises empty states by calling
-``step()`` with zero gradients, which also moves weights under weight decay and
-starts Adam's step count at 1; broadcasting the root's state as it is avoids both
-and gives the same guarantee — identical state on every rank.
+Horovod (horovod/torch/functions.py) first initialises an empty state by one local
+``step()`` on zero gradients (which also moves weights under weight decay and starts
+Adam's step count at 1, and leaves zero ``.grad`` tensors behind). ``initialize_state``
+does exactly that for the Horovod face, which promises Horovod's observable behaviour;
+``broadcast_optimizer_state`` alone sends the root's state as it is (the ``hvd``
+strategy's choice) — identical state on every rank either way.
 """
 
 from __future__ import annotations
@@ -163,6 +165,30 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     broadcast_tensors_(tensors, root_rank, process_set=process_set, check=check)
     if not is_root:
         optimizer.load_state_dict(_join(skeleton, tensors))
+
+
+def initialize_state(optimizer: torch.optim.Optimizer, model=None) -> None:
+    """Horovod's initialisation of a fresh optimizer: zero gradients, one local step (no communication).
+
+    Sparse gradients where Horovod makes them: for SparseAdam, and for SGD on the parameters of
+    ``nn.Embedding(sparse=True)`` modules of ``model``.
+    """
+    from .optimizer import local_step
+
+    if optimizer.state_dict()["state"]:
+        return
+    sparse = set()
+    if model is not None:
+        sparse = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.sparse
+                  for p in m.parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                if isinstance(optimizer, torch.optim.SparseAdam) or (
+                        isinstance(optimizer, torch.optim.SGD) and id(p) in sparse):
+                    p.grad = p.grad.to_sparse()
+    local_step(optimizer)
 
 
 def _collect(value, out: list) -> None:

@@ -9,7 +9,8 @@ raises — the faulty one with its own message, the others naming it.
 from __future__ import annotations
 
 from ..errors import RingtrainError
-from . import checks
+from . import checks, named
+from .checks import InvalidArgument  # noqa: F401  (re-exported: raised for invalid arguments)
 from .groups import ProcessSet
 
 INVALID_OP = -9
@@ -24,7 +25,12 @@ def run(ps: ProcessSet, call: checks.Call, enabled: bool, problem: RingtrainErro
         return None
     if problem is not None:
         call.op, call.agree = INVALID_OP, "invalid"
-    rows = checks.exchange(ps, call)
+    while True:
+        rows, started = named.exchange(ps, call)
+        # Held named ops started in this round: a rank that was waiting for one may now go on
+        # and call what we called; ask again rather than report a mismatch.
+        if not (started and _disagree(rows, ps.rank())):
+            break
     bad = [i for i, row in enumerate(rows) if row[0] == checks.MAGIC and row[3] == INVALID_OP]
     if problem is not None:
         raise problem
@@ -36,6 +42,12 @@ def run(ps: ProcessSet, call: checks.Call, enabled: bool, problem: RingtrainErro
         )
     compare(ps, rows, allow_joined)
     return rows
+
+
+def _disagree(rows: list[list[int]], me: int) -> bool:
+    mine = rows[me]
+    return any(row[f] != mine[f] for row in rows if row[0] != checks.MAGIC or row[1] != checks.Kind.JOIN
+               for f in checks.COMPARED)
 
 
 def compare(ps: ProcessSet, rows: list[list[int]], allow_joined: bool) -> None:

@@ -15,7 +15,7 @@ implemented on ``ringtrain.comm`` (Gloo on CPU, NCCL on GPU). Under
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
-Differences worth knowing: collectives are matched by call order, not by name (a
+Differences worth knowing: collectives are matched by call order, except named async ops (paired by name, as Horovod does; a
 metadata check raises on every rank when ranks disagree; ``RINGTRAIN_HVD_CHECKS=0``
 turns it off); no timeline; elastic mode covers a fixed host set.
 """

@@ -54,6 +54,7 @@ class _Runtime:
         self.cross_size = 1
         self.homogeneous = True
         self.table = ProcessSetTable()
+        self.topology_for = None  # (default group, topology) of the last init
 
 
 RUNTIME = _Runtime()
@@ -107,9 +108,15 @@ def _topology(rt: _Runtime, env) -> None:
     rank = dist.get_rank() if dist.is_initialized() else 0
     local = (env.local_rank, env.local_world_size) if env.world_size == size else (rank, size)
     everyone = [local]
-    if size > 1:
+    world = dist.group.WORLD if dist.is_initialized() else None
+    if size > 1 and rt.topology_for is not None and rt.topology_for[0] is world:
+        # init() after shutdown() on the same group: the topology cannot have changed, and a
+        # collective here would pair with whatever a peer is running (init is per rank in Horovod).
+        everyone = rt.topology_for[1]
+    elif size > 1:
         everyone = [None] * size
         dist.all_gather_object(everyone, local, group=GLOBAL.group_for(None))
+        rt.topology_for = (world, everyone)
     rt.local_rank, rt.local_size = local
     peers = [r for r, (lr, _) in enumerate(everyone) if lr == rt.local_rank]
     rt.cross_rank, rt.cross_size = peers.index(rank), len(peers)

@@ -11,12 +11,14 @@ def broadcast_parameters(params, root_rank, *, process_set=global_process_set) -
     comm.broadcast_parameters(params, root_rank, process_set=resolve(process_set), check=RUNTIME.checks)
 
 
-def broadcast_optimizer_state(optimizer, root_rank, *, model=None, process_set=global_process_set) -> None:
+def broadcast_optimizer_state(optimizer, root_rank, model=None, *, process_set=global_process_set) -> None:
     """Make every rank's optimizer state (tensors, step counts, learning rates ...) the root's.
 
-    Works for optimizers whose state is still empty (every rank ends empty when the root is).
-    ``model`` is accepted and unused (the state needs no model here).
+    As in Horovod, a fresh optimizer (empty state) is first initialised by one local step on
+    zero gradients (``model`` tells which parameters take sparse gradients); then the root's
+    whole state is loaded everywhere.
     """
+    comm.initialize_state(optimizer, model)
     comm.broadcast_optimizer_state(optimizer, root_rank, process_set=resolve(process_set), check=RUNTIME.checks)
 
 

@@ -2,7 +2,9 @@
 
 Every function here only translates arguments (deprecated ``average``, process
 sets, compression) and hands over to ``ringtrain.comm``; the differentiable forms
-go through ``autograd.py``. Async forms return handles for ``poll``/``synchronize``.
+go through ``autograd.py``. Async forms return handles for ``poll``/``synchronize``;
+a named async op is paired across ranks by its name, as in Horovod (``comm/named.py``),
+and reusing a name while its op is in flight raises ``ValueError``.
 Tensors need not be contiguous (Horovod requires it; we copy when needed).
 """
 
@@ -33,11 +35,18 @@ def _checks() -> bool:
     return RUNTIME.checks
 
 
+def _named(process_set, name, what: str, launch) -> Handle:
+    """Horovod pairs async ops by name: a named one is held until every rank has submitted it."""
+    ps = resolve(process_set)
+    return comm.submit_named(ps, name, lambda: launch(ps), check=_checks(), what=what)
+
+
 # --- allreduce ---------------------------------------------------------------------
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=global_process_set) -> Handle:
-    return comm.allreduce(tensor, _op(op, average), prescale=prescale_factor, postscale=postscale_factor,
-                          process_set=resolve(process_set), check=_checks(), name=name)
+    op = _op(op, average)
+    return _named(process_set, name, "allreduce_async", lambda ps: comm.allreduce(
+        tensor, op, prescale=prescale_factor, postscale=postscale_factor, process_set=ps, check=_checks(), name=name))
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
@@ -51,8 +60,10 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set) -> Handle:
-    return comm.allreduce(tensor, _op(op, average), prescale=prescale_factor, postscale=postscale_factor,
-                          process_set=resolve(process_set), inplace=True, check=_checks(), name=name)
+    op = _op(op, average)
+    return _named(process_set, name, "allreduce_async_", lambda ps: comm.allreduce(
+        tensor, op, prescale=prescale_factor, postscale=postscale_factor, process_set=ps, inplace=True,
+        check=_checks(), name=name))
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -62,8 +73,9 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                             process_set=global_process_set) -> Handle:
-    return comm.grouped_allreduce(tensors, _op(op, average), prescale=prescale_factor, postscale=postscale_factor,
-                                  process_set=resolve(process_set), check=_checks(), name=name)
+    op = _op(op, average)
+    return _named(process_set, name, "grouped_allreduce_async", lambda ps: comm.grouped_allreduce(
+        tensors, op, prescale=prescale_factor, postscale=postscale_factor, process_set=ps, check=_checks(), name=name))
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
@@ -79,8 +91,10 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                              process_set=global_process_set) -> Handle:
-    return comm.grouped_allreduce(tensors, _op(op, average), prescale=prescale_factor, postscale=postscale_factor,
-                                  process_set=resolve(process_set), inplace=True, check=_checks(), name=name)
+    op = _op(op, average)
+    return _named(process_set, name, "grouped_allreduce_async_", lambda ps: comm.grouped_allreduce(
+        tensors, op, prescale=prescale_factor, postscale=postscale_factor, process_set=ps, inplace=True,
+        check=_checks(), name=name))
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -89,26 +103,40 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
                                                 process_set))
 
 
-def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> Handle:
+class SparseHandle(Handle):
+    """Horovod returns a function for sparse allreduces (``handle()`` waits and gives the result);
+    this handle is that function and still works with ``poll``/``synchronize``."""
+
+    __slots__ = ()
+
+    def __call__(self):
+        return self.wait()
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> SparseHandle:
     """Horovod's sparse path: allgather indices and values (Average divides the values)."""
     ps = resolve(process_set)
-    t = tensor.coalesce() if tensor.is_sparse else tensor.to_sparse()
-    indices = comm.allgather(t.indices().transpose(0, 1).contiguous(), process_set=ps, check=_checks(),
-                             name=f"{name}.indices")
-    values = comm.allgather(t.values(), process_set=ps, check=_checks(), name=f"{name}.values")
+    t = tensor if tensor.is_sparse else tensor.to_sparse()
+    # Allgather concatenates along dim 0: indices travel transposed, one row per non-zero.
+    indices = allgather_async(t._indices().transpose(0, 1).contiguous(), name=f"{name}.indices", process_set=ps)
+    values = allgather_async(t._values(), name=f"{name}.values", process_set=ps)
 
     def finish():
-        gathered = values.wait()
+        gathered_values = values.wait()
+        gathered_indices = indices.wait()
         if op == Average:
-            gathered = gathered / ps.size()
-        return torch.sparse_coo_tensor(indices.wait().transpose(0, 1), gathered, t.size())
+            gathered_values = gathered_values / ps.size()
+        if gathered_indices.dim() == 0 or gathered_values.dim() == 0:
+            return torch.sparse_coo_tensor().to(tensor.device)
+        return torch.sparse_coo_tensor(gathered_indices.transpose(0, 1), gathered_values, t.size())
 
-    return Handle([indices, values], finish, what="sparse allreduce")
+    return SparseHandle([indices, values], finish, what="sparse allreduce")
 
 
 # --- allgather, broadcast, alltoall, reducescatter ------------------------------------
 def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
-    return comm.allgather(tensor, process_set=resolve(process_set), check=_checks(), name=name)
+    return _named(process_set, name, "allgather_async",
+                  lambda ps: comm.allgather(tensor, process_set=ps, check=_checks(), name=name))
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
@@ -117,7 +145,8 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
-    return comm.grouped_allgather(tensors, process_set=resolve(process_set), check=_checks(), name=name)
+    return _named(process_set, name, "grouped_allgather_async",
+                  lambda ps: comm.grouped_allgather(tensors, process_set=ps, check=_checks(), name=name))
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
@@ -125,7 +154,8 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
-    return comm.broadcast(tensor, root_rank, process_set=resolve(process_set), check=_checks(), name=name)
+    return _named(process_set, name, "broadcast_async",
+                  lambda ps: comm.broadcast(tensor, root_rank, process_set=ps, check=_checks(), name=name))
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
@@ -134,8 +164,8 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
-    return comm.broadcast(tensor, root_rank, process_set=resolve(process_set), inplace=True, check=_checks(),
-                          name=name)
+    return _named(process_set, name, "broadcast_async_", lambda ps: comm.broadcast(
+        tensor, root_rank, process_set=ps, inplace=True, check=_checks(), name=name))
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
@@ -143,7 +173,8 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
-    return comm.alltoall(tensor, splits, process_set=resolve(process_set), check=_checks(), name=name)
+    return _named(process_set, name, "alltoall_async",
+                  lambda ps: comm.alltoall(tensor, splits, process_set=ps, check=_checks(), name=name))
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
@@ -154,8 +185,8 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
                         postscale_factor=1.0) -> Handle:
-    return comm.reducescatter(tensor, op, prescale=prescale_factor, postscale=postscale_factor,
-                              process_set=resolve(process_set), check=_checks(), name=name)
+    return _named(process_set, name, "reducescatter_async", lambda ps: comm.reducescatter(
+        tensor, op, prescale=prescale_factor, postscale=postscale_factor, process_set=ps, check=_checks(), name=name))
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
@@ -169,8 +200,8 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> Handle:
-    return comm.grouped_reducescatter(tensors, op, prescale=prescale_factor, postscale=postscale_factor,
-                                      process_set=resolve(process_set), check=_checks(), name=name)
+    return _named(process_set, name, "grouped_reducescatter_async", lambda ps: comm.grouped_reducescatter(
+        tensors, op, prescale=prescale_factor, postscale=postscale_factor, process_set=ps, check=_checks(), name=name))
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,

@@ -28,7 +28,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       f/size after it (op=Average only).
     * ``groups`` / ``num_groups``: explicit fusion groups (a list of parameter lists, or
       a number of equal groups); otherwise buckets follow HOROVOD_FUSION_THRESHOLD.
-    * ``sparse_as_dense``: sparse gradients are always reduced as dense here.
+    * ``sparse_as_dense``: sparse gradients are always reduced as dense here and written back
+      sparse (the sum equals Horovod's allgather of indices and values).
+    * ``process_set``: ranks outside it get an optimizer that steps on their own gradients.
     """
     rt = require_init()
     if num_groups != 0:
