@@ -20,6 +20,7 @@ from torch import nn
 
 from .. import comm
 from ..comm import GLOBAL, Compression, DEFAULT_FUSION_THRESHOLD
+from ..comm.store_check import StoreRows
 from ..errors import RingtrainError
 from .base import Distributed
 
@@ -74,9 +75,10 @@ class Horovod(Distributed):
         GLOBAL.bind()  # under NCCL, a Gloo twin for CPU tensors
 
     def enable_collective_checks(self, timeout: float) -> None:
-        """Ring(debug_collectives=...): the ring's collectives (the store checker) and every gradient
-        synchronisation (ringtrain.comm's metadata check) are checked across ranks first."""
+        """Ring(debug_collectives=...): the ring's collectives and every gradient synchronisation are
+        checked across ranks first, through the store (a rank that never arrives is named)."""
         super().enable_collective_checks(timeout)
+        GLOBAL.checker = StoreRows(self.group.check_store(), timeout, prefix="hvd-check")
         self.check = True
 
     def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
