@@ -108,7 +108,12 @@ class Strategy(ABC):
     @property
     def devices_per_process(self) -> int:
         """How many devices one process drives (DataParallel drives several)."""
-        return 1
+        return len(self.devices)
+
+    @property
+    def devices(self) -> list[torch.device]:
+        """The devices this process computes on (DataParallel: its replicas' GPUs)."""
+        return [self.device]
 
     def setup_environment(self) -> None:
         """Claim the device and join the process group (nothing to do on one process)."""

@@ -61,6 +61,10 @@ class Horovod(Distributed):
         self.check = check
         self.backward_passes_per_step = 1
 
+    def __repr__(self) -> str:
+        name = next((k for k, v in COMPRESSIONS.items() if v is self.compression), self.compression.__name__)
+        return f"Horovod(compression={name!r})" if name != "none" else "Horovod()"
+
     def configure(self, *, accumulate: int = 1, nonfinite: str = "raise", sync_batchnorm: bool = False) -> None:
         if nonfinite == "skip":
             raise RingtrainError(
