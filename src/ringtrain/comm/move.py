@@ -74,10 +74,7 @@ def gather_to(tensor: torch.Tensor, dst: int, *, process_set: ProcessSet, check:
     differ); None on the other ranks."""
     what = "gather"
     process_set.require_member(what)
-    problem = None
-    if isinstance(dst, bool) or not isinstance(dst, int) or dst not in process_set.ranks:
-        problem = RingtrainError(f"gather got dst={dst!r}, which is not a rank of {process_set!r}",
-                                 f"dst is a rank, one of {process_set.ranks}, the same on every rank.")
+    problem = validate.root_problem(dst, process_set, what)
     t = tensor.detach().contiguous()
     if t.dim() == 0:
         t = t.reshape(1)

@@ -76,11 +76,8 @@ def reduce_to(tensor: torch.Tensor, dst: int, op=ReduceOp.AVERAGE, *, process_se
     op = as_op(op)
     what = "reduce"
     process_set.require_member(what)
-    problem = None
-    if isinstance(dst, bool) or not isinstance(dst, int) or dst not in process_set.ranks:
-        problem = RingtrainError(f"reduce got dst={dst!r}, which is not a rank of {process_set!r}",
-                                 f"dst is a rank, one of {process_set.ranks}, the same on every rank.")
-    elif op == ReduceOp.ADASUM:
+    problem = validate.root_problem(dst, process_set, what)
+    if problem is None and op == ReduceOp.ADASUM:
         problem = RingtrainError("reduce does not support op=Adasum", "use op=Sum or Average.")
     wire_dtype, engine_op = wire(tensor.dtype, op) if problem is None else (tensor.dtype, None)
     call = Call(Kind.REDUCE, tensor.dtype, _device(tensor), int(op), root=dst if problem is None else -1,

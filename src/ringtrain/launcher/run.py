@@ -238,6 +238,7 @@ import sys
 from dataclasses import dataclass, field
 
 from ..errors import RingtrainError
+from .cli import HintingParser
 from . import hosts, scripts
 from .hosts import TORCHRUN_DEFAULT_PORT
 from .ports import LOOPBACK
@@ -246,17 +247,9 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 NPROC_WORDS = ("auto", "gpu", "cpu")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's own errors (unknown flag, missing value) also end with a HINT."""
-
-    def error(self, message: str):  # noqa: D401 - argparse API
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\nHINT: see `{self.prog} --help`.\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     summary, _, manual = __doc__.partition("\n\n")
-    parser = _Parser(
+    parser = HintingParser(
         prog="ringtrain run",
         usage="%(prog)s [options] script.py [script args ...]\n"
         "       %(prog)s [options] -m package.module [module args ...]",
