@@ -46,9 +46,10 @@ def sequential(batchnorm: bool = False) -> nn.Sequential:
 
 class LARS(torch.optim.Optimizer):
     """Layer-wise adaptive rate scaling (You et al. 2017), as SwAV trains with it: SGD with
-    momentum whose step for each tensor is scaled by eta * |w| / |g + wd * w|."""
+    momentum whose step for each tensor is scaled by eta * |w| / |g + wd * w|. (SwAV: eta=0.001
+    for a ResNet-50; a larger trust coefficient suits this small net.)"""
 
-    def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, eta=0.001):
+    def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, eta=0.02):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta))
 
     @torch.no_grad()
