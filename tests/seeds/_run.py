@@ -93,3 +93,13 @@ def same_params(got: dict, model) -> float:
 
 def falls(losses: list[float], by: float = 0.8) -> bool:
     return losses[-1] < by * losses[0]
+
+
+def full_loss(params: dict, batchnorm: bool = False) -> float:
+    """Cross-entropy of the whole toy dataset under saved ``params`` (loaded by position into ``_toy.Net``)."""
+    model = _toy.Net(batchnorm)
+    model.load_state_dict(dict(zip(model.state_dict(), params.values())))
+    model.eval()
+    x, y = _toy.dataset().tensors
+    with torch.no_grad():
+        return F.cross_entropy(model(x), y).item()
