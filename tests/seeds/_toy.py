@@ -74,3 +74,10 @@ def report(model: nn.Module, losses: list[float], rank: int = 0) -> None:
         model = getattr(model, "module", model)  # DDP / DataParallel wrap the model
         state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
         torch.save({"params": state, "losses": losses}, out)
+
+
+def report_orders(orders: list[list[int]], rank: int) -> None:
+    """Test hook (not in any seed): each rank saves the sample names it drew, epoch by epoch."""
+    out = os.environ.get("TWIN_OUT")
+    if out:
+        torch.save(orders, f"{out}.rank{rank}")
