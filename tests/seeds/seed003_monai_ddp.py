@@ -66,7 +66,7 @@ def train(args):
     train_transforms = Compose(
         [
             LoadImaged(keys=["img", "seg"]),
-            # the seed: AsChannelFirstd(keys=..., channel_dim=-1), removed from MONAI since 1.3
+            # the seed: AsChannelFirstd(keys=..., channel_dim=-1), which current MONAI no longer has
             EnsureChannelFirstd(keys=["img", "seg"], channel_dim=-1),
             ScaleIntensityd(keys="img"),
             RandCropByPosNegLabeld(
