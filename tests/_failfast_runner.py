@@ -66,6 +66,8 @@ def run(launcher: str, api: str, mode: str, *, timeout: float = 150, src: str | 
         except subprocess.TimeoutExpired:
             timed_out = True
             proc.kill()
+            # Workers a plain torchrun started outlive their agent and hold its output pipe open.
+            subprocess.run(["pkill", "-9", "-f", marker])
             out, _ = proc.communicate()
         outputs.append(out)
         codes.append(proc.returncode)
