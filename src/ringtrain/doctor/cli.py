@@ -71,6 +71,8 @@ Each finding is reported at the line to change; ``--list-rules`` prints this lis
                                        never calls torch.cuda.set_device: every current device is cuda:0
     nccl-without-cuda         error    at init_process_group('nccl') in a script that never uses CUDA but
                                        wraps DDP or calls collectives
+    rank-from-local-rank      warning  at init_process_group(rank=local_rank): possible: right on one
+                                       machine, but on two nodes both claim ranks 0..n-1 (not under mp.spawn)
     collective-on-one-rank    error    at all_reduce/reduce/gather/broadcast... reached only under a
                                        rank-0 check: the other ranks never join, the job hangs
     unreduced-metric          warning  at the print: possible: an evaluation metric of one rank's shard,

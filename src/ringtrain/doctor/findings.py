@@ -61,6 +61,8 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "a CUDA script starts NCCL (or Horovod) without ever calling torch.cuda.set_device"),
     Rule("nccl-without-cuda", "error",
          "backend='nccl' in a script that keeps its model and tensors on the CPU"),
+    Rule("rank-from-local-rank", "warning",
+         "init_process_group(rank=local_rank): right on one machine, a hang on several"),
     Rule("collective-on-one-rank", "error",
          "a collective called only under a rank-0 check: the other ranks never join it"),
     Rule("unreduced-metric", "warning",

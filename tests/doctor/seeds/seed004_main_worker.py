@@ -14,7 +14,7 @@ parser.add_argument("--batch_size", "--batch-size", default=256, type=int)
 def main_worker(local_rank, nprocs, args, model, criterion, optimizer, train_dataset, test_dataset, loss_function):
     args.local_rank = local_rank
     cudnn.benchmark = True
-    dist.init_process_group(backend="nccl", init_method="tcp://127.0.0.1:23456", world_size=nprocs, rank=local_rank)
+    dist.init_process_group(backend="nccl", init_method="tcp://127.0.0.1:23456", world_size=nprocs, rank=local_rank)  # expect: rank-from-local-rank
     torch.cuda.set_device(local_rank)
     model.cuda(local_rank)
     model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])

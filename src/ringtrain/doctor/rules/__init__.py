@@ -27,6 +27,7 @@ CHECKS: dict[str, Check] = {
     "syncbn-after-ddp": model.syncbn_after_ddp,
     "set-device": process_group.set_device,
     "nccl-without-cuda": process_group.nccl_without_cuda,
+    "rank-from-local-rank": process_group.rank_from_local_rank,
     "collective-on-one-rank": process_group.collective_on_one_rank,
     "unreduced-metric": metrics.unreduced_metric,
     "batch-size-float": data.batch_size_float,

@@ -142,3 +142,23 @@ def _one_sided(script: Script, node: ast.AST, concept: str, depth: int = 3) -> i
         return 0
     lines = [_one_sided(script, c, concept, depth - 1) for c in callers]
     return lines[0] if all(lines) else 0
+
+
+def _names_the_local_rank(expr: ast.AST) -> bool:
+    """``local_rank`` or ``args.local_rank`` itself (an expression of it, e.g. node * n + local_rank, is fine)."""
+    name = expr.id if isinstance(expr, ast.Name) else expr.attr if isinstance(expr, ast.Attribute) else None
+    return name in ("local_rank", "localrank")
+
+
+def rank_from_local_rank(script: Script) -> Iterator[tuple]:
+    if script.has_concept("spawn"):
+        return  # mp.spawn's index on one machine: the local rank is the rank there
+    for call in script.concept_calls.get("init_process_group", []):
+        rank = keyword(call, "rank")
+        if rank is not None and _names_the_local_rank(rank):
+            yield (call,
+                   f"possible: init_process_group(rank={script.text(rank)}) takes the global rank from the local "
+                   "one: right on one machine, but on two nodes both nodes' processes claim ranks 0..n-1 and the "
+                   "group never forms",
+                   "pass rank=int(os.environ['RANK']) (every launcher sets it), or leave rank= out with "
+                   "init_method='env://'; rt.Ring() reads both itself")
