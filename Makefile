@@ -21,9 +21,12 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# The main job: a CNN on scikit-learn's real handwritten digits, DDP on 2 processes.
+# The main job: a CNN on scikit-learn's real handwritten digits, DDP on 2 processes. On the CPU
+# (Gloo) by default, whatever the machine has: 2 processes on a one-GPU machine would share its
+# GPU, which ringtrain refuses. `make demo DEMO_DEVICE=auto` uses one GPU per process when there are 2.
+DEMO_DEVICE ?= cpu
 demo: $(STAMP)
-	$(VENV)/bin/ringtrain run --nproc-per-node 2 examples/digits.py --epochs 8 --out runs/digits
+	$(VENV)/bin/ringtrain run --nproc-per-node 2 examples/digits.py --epochs 8 --out runs/digits --device $(DEMO_DEVICE)
 
 # The whole suite on CPU (Gloo over 127.0.0.1). Pytest exits 5 when it collects no
 # test, and make passes that on as a failure.

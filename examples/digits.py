@@ -41,9 +41,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="samples per process per step")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--out", default="runs/digits", help="folder for the checkpoint")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="auto: one GPU per process when there are enough, else the CPU")
     args = parser.parse_args()
 
-    ring = rt.Ring(seed=0)
+    ring = rt.Ring(seed=0, device=args.device)
     train_set, test_set = digits()
     model = DigitsCNN()
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)

@@ -6,11 +6,11 @@ Launch:
     ringtrain run --nproc-per-node 2 examples/pipeline.py --schedule gpipe --microbatches 8
     torchrun --nproc-per-node 4 examples/pipeline.py                       # the same through torchrun
 
-The diff from 02_ddp.py: Ring(strategy="pipeline", stages=2, microbatches=4,
-schedule="1f1b"), the split point given to ring.setup by module name (the model
-is an nn.Sequential), ``loss = ring.pipeline_step(x, y, loss_fn)`` in place of
-forward + ring.backward, and evaluation from the saved checkpoint, which is the
-whole unsplit model. With W processes and S stages there are W/S replicas;
+The diff from 02_ddp.py: a Pipeline strategy object,
+``rt.Ring(strategy=rt.strategies.Pipeline(stages=2, microbatches=4, schedule="1f1b",
+split_at=["7"]))`` (the split point is a module name: the model is an nn.Sequential),
+``loss = ring.pipeline_step(x, y, loss_fn)`` in place of forward + ring.backward, and
+evaluation from the saved checkpoint, which is the whole unsplit model. With W processes and S stages there are W/S replicas;
 ``ring.loader`` shards the data across replicas, and every stage of a replica
 sees the same batches (stage 0 feeds x in, the last stage scores y).
 
@@ -57,21 +57,17 @@ def main():
     parser.add_argument("--checkpoint", default="digits_pipeline.pt")
     args = parser.parse_args()
 
-    ring = rt.Ring(
-        strategy="pipeline",
-        stages=args.stages,
-        microbatches=args.microbatches,
-        schedule=args.schedule,
-        precision=args.precision,
-        seed=0,  # every rank builds the same full model before keeping its stage
-    )
-    train_set, test_set = digits()
-    model = make_model()
-    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
     # "7" is nn.Flatten: stage 0 = the convolutions, stage 1 = the classifier.
     # (schedule="interleaved" needs 2 chunks per rank: e.g. split_at=["3", "7", "9"].)
     split_at = ["3", "7", "9"] if args.schedule == "interleaved" else ["7"]
-    model, optimizer = ring.setup(model, optimizer, split_at=split_at)
+    pipeline = rt.strategies.Pipeline(stages=args.stages, microbatches=args.microbatches,
+                                      schedule=args.schedule, split_at=split_at)
+    # seed: every rank builds the same full model before keeping its stage
+    ring = rt.Ring(strategy=pipeline, precision=args.precision, seed=0)
+    train_set, test_set = digits()
+    model = make_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
+    model, optimizer = ring.setup(model, optimizer)  # this rank's stage, and its parameters' optimizer
     train = ring.loader(train_set, batch_size=args.batch_size, shuffle=True, drop_last=True)
 
     for epoch in ring.epochs(args.epochs):

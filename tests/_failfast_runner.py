@@ -30,6 +30,7 @@ class Outcome:
     seconds: float | None  # from rank 1's fault to the last process's exit; None: no fault seen
     output: str
     leftovers: str  # processes of this run still alive afterwards (then killed)
+    timed_out: bool = False  # still running at the time limit: killed by the runner
 
 
 def _command(launcher: str, api: str, mode: str, marker: str, src: str | None) -> list[str]:
@@ -58,11 +59,12 @@ def run(launcher: str, api: str, mode: str, *, timeout: float = 150, src: str | 
     else:
         procs = [subprocess.Popen(_command(launcher, api, mode, marker, src), stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, env=env)]
-    outputs, codes = [], []
+    outputs, codes, timed_out = [], [], False
     for proc in procs:
         try:
             out, _ = proc.communicate(timeout=max(1.0, started + timeout - time.time()))
         except subprocess.TimeoutExpired:
+            timed_out = True
             proc.kill()
             out, _ = proc.communicate()
         outputs.append(out)
@@ -75,7 +77,7 @@ def run(launcher: str, api: str, mode: str, *, timeout: float = 150, src: str | 
     fault = re.search(r"FAULT rank=1 t=([0-9.]+)", output)
     seconds = ended - float(fault.group(1)) if fault else None
     code = next((c for c in codes if c != 0), 0)
-    return Outcome(code, seconds, output, leftovers)
+    return Outcome(code, seconds, output, leftovers, timed_out)
 
 
 def _srun(api: str, mode: str, marker: str, env: dict) -> list[subprocess.Popen]:

@@ -17,6 +17,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 import ringtrain  # noqa: E402
 
 
+def pytest_configure(config) -> None:
+    """The CPU suite runs on the CPU whatever the machine has: its 2-rank jobs would otherwise claim
+    cuda:0 and cuda:1 on a GPU machine (or be refused on a one-GPU one). GPU-marked runs
+    (`make test-gpu`, `-m gpu`) see the GPUs."""
+    if "gpu" not in (config.getoption("markexpr") or ""):
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
 @pytest.fixture
 def run_ranks():
     """``run_ranks(fn, *args, nprocs=2, **kwargs)`` -> each rank's return value, in rank order."""

@@ -240,11 +240,8 @@ class Watchdog(threading.Thread):
             for rank, entry in sorted(self.board.read().items(), key=lambda kv: kv[1]["time"]):
                 if rank == me:
                     continue
-                if entry["state"] == "failed" and entry.get("cause") == "own":
-                    return self._verdict(blame_of(entry), None)
-                if entry["state"] == "failed":
-                    blame = entry.get("blame") or blame_of(entry)
-                    return self._verdict(blame, None)
+                if entry["state"] == "failed":  # the job is lost: blame the rank that caused it
+                    return self._verdict(entry.get("blame") or blame_of(entry), None)
                 self._finished = self._finished or blame_of(entry)
         gone = self._dead_neighbour()
         if gone is not None:

@@ -177,14 +177,14 @@ def test_a_rank_synchronizes_only_the_gpus_its_mode_runs_on(monkeypatch):
 
     from ringtrain import environments
     from ringtrain.bench.runner import cuda_devices_of
-    from ringtrain.strategies.dp import DataParallelStrategy
+    from ringtrain.strategies import DataParallel
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     cuda = lambda i: torch.device("cuda", i)  # noqa: E731
-    dp = DataParallelStrategy(environments.detect({}, []))
+    dp = DataParallel().attach(environments.detect({}, []))
     raw_ddp = SimpleNamespace(device=cuda(1))
-    ring_ddp = SimpleNamespace(device=cuda(1), ring=SimpleNamespace(strategy=SimpleNamespace(device_ids=[0, 1, 2, 3])))
+    ring_ddp = SimpleNamespace(device=cuda(1), ring=SimpleNamespace(strategy=SimpleNamespace(devices=[cuda(1)])))
     ring_dp = SimpleNamespace(device=cuda(0), ring=SimpleNamespace(strategy=dp))
     assert cuda_devices_of(raw_ddp) == [cuda(1)]
     assert cuda_devices_of(ring_ddp) == [cuda(1)]  # only dp's replicas span several GPUs

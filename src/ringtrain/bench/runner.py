@@ -33,7 +33,6 @@ import torch
 import torch.distributed as dist
 
 from ..errors import RingtrainError
-from ..strategies.dp import DataParallelStrategy
 from . import workloads
 from .modes import MODES, Skip, make_trainer, precision_problem, static_skip
 
@@ -149,8 +148,8 @@ def _run_once(mode: str, wl: workloads.Workload, precision: str, cfg: Config, ti
 
 
 def cuda_devices_of(trainer: Any) -> list[torch.device]:
-    """The GPUs this rank's run computes on, to wait for before reading a timer: dp's
-    replicas span its strategy's devices, every other mode runs on the trainer's one device.
+    """The GPUs this rank's run computes on, to wait for before reading a timer: its strategy's
+    devices (dp's replicas span several; every other mode runs on one).
 
     Only those: synchronizing a GPU creates a CUDA context on it (~0.5 GiB each), and
     waiting on GPUs other ranks drive would tie this rank's timings to their work.
@@ -158,8 +157,8 @@ def cuda_devices_of(trainer: Any) -> list[torch.device]:
     if trainer.device.type != "cuda":
         return []
     ring = getattr(trainer, "ring", None)  # RawDDPTrainer has none
-    if ring is not None and isinstance(ring.strategy, DataParallelStrategy) and ring.strategy.device_ids:
-        return [torch.device("cuda", index) for index in ring.strategy.device_ids]
+    if ring is not None:
+        return [device for device in ring.strategy.devices if device.type == "cuda"]
     return [trainer.device]
 
 

@@ -24,10 +24,10 @@ from .handles import CollectiveFailure, Handle
 from .join import barrier, join
 from .named import DuplicateName, Held
 from .named import submit as submit_named
-from .move import allgather, alltoall, broadcast, grouped_allgather
+from .move import allgather, alltoall, broadcast, gather_to, grouped_allgather
 from .ops import ReduceOp
 from .optimizer import distributed_optimizer, is_distributed, local_step
-from .reduce import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter, split_rows
+from .reduce import allreduce, grouped_allreduce, grouped_reducescatter, reduce_to, reducescatter, split_rows
 from .state import (allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
                     initialize_state)
 
@@ -35,7 +35,7 @@ __all__ = [
     "Compression", "Compressor", "FP16Compressor", "NoneCompressor", "DEFAULT_FUSION_THRESHOLD", "GradientSync",
     "GLOBAL", "ProcessSet", "ProcessSetTable", "CollectiveFailure", "Handle", "ReduceOp", "adasum_combine",
     "allreduce", "grouped_allreduce", "reducescatter", "grouped_reducescatter", "split_rows",
-    "allgather", "grouped_allgather", "broadcast", "alltoall", "barrier", "join",
+    "allgather", "grouped_allgather", "broadcast", "alltoall", "barrier", "join", "reduce_to", "gather_to",
     "DuplicateName", "Held", "submit_named",
     "distributed_optimizer", "is_distributed", "local_step", "initialize_state",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",

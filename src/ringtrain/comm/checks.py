@@ -14,7 +14,9 @@ named ops each rank holds (named.py) — so with checks on, an uneven allgather
 costs no extra round trip.
 
 Checks run on the process set's CPU-capable group (Gloo, or the Gloo twin under
-NCCL) with CPU tensors, whatever device the data is on.
+NCCL) with CPU tensors, whatever device the data is on — or, in debug mode
+(``Ring(debug_collectives=...)``, ``RINGTRAIN_DEBUG_COLLECTIVES=1``), through the rendezvous
+store with a timeout (store_check.py), which names a rank that never arrives.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class Kind(enum.IntEnum):
     JOIN = 9
     WAIT = 10  # waiting for a held named op to start (named.py)
     SETTLED = 11  # held ops started; joined ranks stop serving (named.py)
+    REDUCE = 12  # to one rank (ringtrain's ring.reduce; torch's dist.reduce)
+    GATHER = 13  # to one rank (ring.gather; dist.gather)
 
 
 # Fields: 0 magic, 1 kind, 2 dtype (+1000 on CUDA), 3 op, 4 root, 5 ndim, 6..13 dims,
@@ -91,24 +95,48 @@ def _encode(call: Call) -> list[int]:
             hash_text(call.agree), int(call.aux), int(call.held), int(call.held_digest)]
 
 
+class GatherRows:
+    """The default way descriptors travel: one all_gather of WIDTH int64 per rank.
+
+    One checker interface, two implementations: this one (cheap, in the engine) and
+    ``store_check.StoreRows`` (debug: through the rendezvous store, with a timeout, so a
+    rank that never arrives is named instead of waited for). A process set's ``checker``
+    says which; both return every member's row, in set-rank order.
+    """
+
+    def exchange(self, ps: ProcessSet, row: list[int]) -> list[list[int]]:
+        mine = torch.tensor(row, dtype=torch.int64)
+        rows = torch.empty(ps.size() * WIDTH, dtype=torch.int64)
+        all_gather_flat(rows, mine, group=ps.group_for(None))
+        return rows.view(ps.size(), WIDTH).tolist()
+
+    def exchange_async(self, ps: ProcessSet, row: list[int]):
+        from .handles import Handle
+
+        mine = torch.tensor(row, dtype=torch.int64)
+        rows = torch.empty(ps.size() * WIDTH, dtype=torch.int64)
+        work = all_gather_flat(rows, mine, group=ps.group_for(None), async_op=True)
+        return Handle([work], lambda: rows.view(ps.size(), WIDTH).tolist(), what="metadata check")
+
+
+GATHER = GatherRows()
+
+
 def exchange(ps: ProcessSet, call: Call) -> list[list[int]]:
-    """Every member's descriptor, in set-rank order (one all_gather of 16 int64 per rank)."""
+    """Every member's descriptor, in set-rank order (through the set's checker)."""
     ps.check_rounds += 1
-    mine = torch.tensor(_encode(call), dtype=torch.int64)
-    rows = torch.empty(ps.size() * WIDTH, dtype=torch.int64)
-    all_gather_flat(rows, mine, group=ps.group_for(None))
-    return rows.view(ps.size(), WIDTH).tolist()
+    return (ps.checker or GATHER).exchange(ps, _encode(call))
 
 
 def exchange_async(ps: ProcessSet, call: Call):
     """``exchange`` without waiting: a Handle whose result is the rows."""
+    ps.check_rounds += 1
+    checker = ps.checker or GATHER
+    if hasattr(checker, "exchange_async"):
+        return checker.exchange_async(ps, _encode(call))
     from .handles import Handle
 
-    ps.check_rounds += 1
-    mine = torch.tensor(_encode(call), dtype=torch.int64)
-    rows = torch.empty(ps.size() * WIDTH, dtype=torch.int64)
-    work = all_gather_flat(rows, mine, group=ps.group_for(None), async_op=True)
-    return Handle([work], lambda: rows.view(ps.size(), WIDTH).tolist(), what="metadata check")
+    return Handle.completed(checker.exchange(ps, _encode(call)), what="metadata check")
 
 
 def describe(row: list[int]) -> str:
@@ -142,6 +170,13 @@ def describe(row: list[int]) -> str:
 
 
 def mismatch(ps: ProcessSet, rows: list[list[int]]) -> RingtrainError:
+    worded = getattr(ps.checker, "mismatch", None)
+    if worded is not None:  # the debug checker knows each rank's call in its caller's words
+        return worded(ps)
+    return _mismatch(ps, rows)
+
+
+def _mismatch(ps: ProcessSet, rows: list[list[int]]) -> RingtrainError:
     lines = "\n".join(f"    rank {ps.global_rank(i)}: {describe(row)}" for i, row in enumerate(rows))
     where = "all ranks" if ps.is_global else f"process set {ps.ranks}"
     return RingtrainError(

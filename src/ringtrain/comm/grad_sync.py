@@ -90,7 +90,10 @@ class _Bucket:
                 pieces.append((grad.to_dense() if grad.is_sparse else grad).reshape(-1))
                 flags.append(1)
         torch.cat(pieces, out=self.payload)
-        self.flags.copy_(torch.tensor(flags + [1], dtype=self.dtype))
+        if all(flags):
+            self.flags.fill_(1)  # the common case, in a backward hook: no host-to-device copy
+        else:
+            self.flags.copy_(torch.tensor(flags + [1], dtype=self.dtype, device=self.device))
 
     def clear(self) -> None:
         self.ready = 0
@@ -274,11 +277,13 @@ class GradientSync:
         if result.dtype != bucket.dtype:
             result = result.to(bucket.dtype)
         finish_(result, self.op, self.postscale, self.process_set.size())
-        flags = buffer[size:size + len(bucket.params)].tolist()
+        flags = None  # read from the device only for a parameter without a local gradient (a sync on a GPU)
         with torch.no_grad():
             for slot, p in enumerate(bucket.params):
-                if flags[slot] <= 0:
-                    continue
+                if p.grad is None:
+                    flags = buffer[size:size + len(bucket.params)].tolist() if flags is None else flags
+                    if flags[slot] <= 0:
+                        continue  # no rank had a gradient for it: it stays None, as in Horovod
                 start = bucket.offsets[slot]
                 value = result[start:start + bucket.numels[slot]].view(p.shape)
                 if p.grad is None:

@@ -47,8 +47,10 @@ class ProcessSet:
         self._bound_world = None  # the default group the global set's groups were made for
         # The gradient layout last verified on this set: (layout hash, wire spec) (grad_sync.py).
         self.grad_layout = None
-        # Number of metadata checks this rank has run on this set (join uses it).
+        # Number of metadata checks this rank has run on this set (join uses it), and how the
+        # descriptors travel (None: an all_gather, checks.GatherRows; store_check.StoreRows in debug mode).
         self.check_rounds = 0
+        self.checker = None
         self.grad_steps = 0  # gradient steps run on this set (join uses it too)
         # Named ops (named.py): held until paired by name; names in flight; a settling round.
         self.held: dict = {}

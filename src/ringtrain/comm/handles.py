@@ -74,6 +74,19 @@ class Handle:
 
 
 def _failure(what: str, error: BaseException) -> CollectiveFailure:
+    from .. import liveness  # the board says which peer left first, when one did
+
+    why = liveness.explain()
+    if why is not None:
+        # Horovod says: "Horovod has been shut down. This was caused by an exception on one of the
+        # ranks or an attempt to allreduce, allgather or broadcast a tensor after one of the ranks
+        # finished execution." Here the rank is named.
+        return CollectiveFailure(
+            f"{what} failed because {why}",
+            "that rank's own error (in its output, or first in the launcher's report) is the cause; a rank "
+            "that finished while others still called collectives means the ranks made different calls "
+            "(a branch on the rank, a dataset that is empty on one rank).",
+        )
     first = str(error).splitlines()[0] if str(error) else type(error).__name__
     return CollectiveFailure(
         f"{what} failed in the engine: {first}",

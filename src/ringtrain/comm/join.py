@@ -28,9 +28,15 @@ from .ops import CODE_DTYPE, ReduceOp, wire
 
 
 
-def barrier(*, process_set: ProcessSet, check: bool = True) -> None:
+def barrier(*, process_set: ProcessSet, check: bool = True, strict: bool = False) -> None:
+    """Return once every member is here. Checked, a rank in a barrier keeps waiting while others run
+    other collectives (Horovod's semantics: they raise); ``strict``: a rank that calls something else
+    makes every rank raise, this one included (ring.barrier under debug_collectives)."""
     process_set.require_member("barrier")
     if process_set.size() == 1:
+        return
+    if check and strict:
+        validate.run(process_set, Call(Kind.BARRIER), True, allow_joined=True)  # the check is itself a barrier
         return
     if check:
         # The check's all_gather is itself a barrier: nobody leaves before everybody arrived.

@@ -69,6 +69,39 @@ def allgather(tensor: torch.Tensor, *, process_set: ProcessSet, check: bool = Tr
     return Handle([work], finish, what=what)
 
 
+def gather_to(tensor: torch.Tensor, dst: int, *, process_set: ProcessSet, check: bool = True) -> Handle:
+    """Every member's ``tensor`` along dim 0 in rank order on global rank ``dst`` (first dims may
+    differ); None on the other ranks."""
+    what = "gather"
+    process_set.require_member(what)
+    problem = validate.root_problem(dst, process_set, what)
+    t = tensor.detach().contiguous()
+    if t.dim() == 0:
+        t = t.reshape(1)
+    rest = tuple(t.shape[1:])
+    call = Call(Kind.GATHER, t.dtype, t.device.type, root=dst if problem is None else -1, shape=tuple(t.shape),
+                agree=f"{rest}", aux=t.shape[0])
+    rows = validate.run(process_set, call, check, problem)
+    n, mine = process_set.size(), process_set.rank() == process_set.ranks.index(dst)
+    if n == 1:
+        return Handle.completed(t.clone(), what=what)
+    counts = _counts(t, process_set, rows)
+    largest, width = max(counts), row_bytes(t)
+    source = byte_rows(t)
+    if t.shape[0] < largest:
+        source = torch.cat([source, source.new_zeros((largest - t.shape[0], width))])
+    buffers = [torch.empty((largest, width), dtype=torch.uint8, device=t.device) for _ in range(n)] if mine else None
+    work = dist.gather(source, buffers, dst=dst, group=process_set.group_for(t), async_op=True)
+
+    def finish():
+        if not mine:
+            return None
+        pieces = torch.cat([buf[:c] for buf, c in zip(buffers, counts)])
+        return _from_bytes(pieces, t.dtype, (sum(counts), *rest))
+
+    return Handle([work], finish, what=what)
+
+
 def grouped_allgather(tensors, *, process_set: ProcessSet, check: bool = True, name: str | None = None) -> Handle:
     handles = [allgather(t, process_set=process_set, check=check, name=name) for t in tensors]
     return Handle(handles, lambda: [h.wait() for h in handles], what="grouped allgather")

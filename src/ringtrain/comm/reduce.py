@@ -70,6 +70,33 @@ def grouped_allreduce(tensors, op=ReduceOp.AVERAGE, *, prescale: float = 1.0, po
     return Handle([w for _, _, w in pending if w is not None], finish, what=what)
 
 
+def reduce_to(tensor: torch.Tensor, dst: int, op=ReduceOp.AVERAGE, *, process_set: ProcessSet,
+              check: bool = True) -> Handle:
+    """Reduce ``tensor`` over the set onto global rank ``dst``: the result there, None elsewhere."""
+    op = as_op(op)
+    what = "reduce"
+    process_set.require_member(what)
+    problem = validate.root_problem(dst, process_set, what)
+    if problem is None and op == ReduceOp.ADASUM:
+        problem = RingtrainError("reduce does not support op=Adasum", "use op=Sum or Average.")
+    wire_dtype, engine_op = wire(tensor.dtype, op) if problem is None else (tensor.dtype, None)
+    call = Call(Kind.REDUCE, tensor.dtype, _device(tensor), int(op), root=dst if problem is None else -1,
+                shape=tuple(tensor.shape), agree=f"{tuple(tensor.shape)}")
+    validate.run(process_set, call, check, problem)
+    flat = tensor.detach().reshape(-1).to(wire_dtype, copy=True)
+    n, mine = process_set.size(), process_set.rank() == process_set.ranks.index(dst)
+    works = []
+    if n > 1 and flat.numel():
+        works.append(dist.reduce(flat, dst=dst, op=engine_op, group=process_set.group_for(flat), async_op=True))
+
+    def finish():
+        if not mine:
+            return None
+        return finish_(flat, op, 1.0, n).to(tensor.dtype).reshape(tensor.shape)
+
+    return Handle(works, finish, what=what)
+
+
 def _by_dtype_device(tensors) -> dict:
     groups: dict = {}
     for i, t in enumerate(tensors):

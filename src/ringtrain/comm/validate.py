@@ -16,6 +16,14 @@ from .groups import ProcessSet
 INVALID_OP = -9
 
 
+def root_problem(root, ps: ProcessSet, what: str, name: str = "dst") -> RingtrainError | None:
+    """Why ``root`` cannot be the rank a collective goes to (or from), if it cannot."""
+    if isinstance(root, bool) or not isinstance(root, int) or root not in ps.ranks:
+        return RingtrainError(f"{what} got {name}={root!r}, which is not a rank of {ps!r}",
+                              f"{name} is a rank, one of {ps.ranks}, the same on every rank.")
+    return None
+
+
 def run(ps: ProcessSet, call: checks.Call, enabled: bool, problem: RingtrainError | None = None,
         allow_joined: bool = False) -> list[list[int]] | None:
     """Check ``call`` across ``ps`` when ``enabled``; return the gathered rows (None when unchecked)."""

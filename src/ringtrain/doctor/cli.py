@@ -118,23 +118,16 @@ import sys
 from collections import Counter
 
 from ..errors import RingtrainError
+from ..launcher.cli import HintingParser
 from .check import check_source
 from .findings import RULES, SEVERITIES, Finding
 
 SKIP_DIRS = {"__pycache__", "site-packages", "node_modules"}
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's own errors also end with a HINT (and exit 2)."""
-
-    def error(self, message: str):  # noqa: D401 - argparse API
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\nHINT: see `{self.prog} --help`.\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     summary, _, manual = __doc__.partition("\n\n")
-    parser = _Parser(
+    parser = HintingParser(
         prog="ringtrain doctor",
         usage="%(prog)s [options] PATH [PATH ...]",
         description=summary.replace("ringtrain doctor: ", "", 1),

@@ -10,8 +10,11 @@ rank within seconds when a peer fails or finishes while this rank still waits fo
 With no launcher it is a job of one process and no group is needed.
 
 Read at ``init()``, as Horovod reads them: ``HOROVOD_FUSION_THRESHOLD`` (bytes per
-gradient bucket, default 64 MiB) and ``RINGTRAIN_HVD_CHECKS=0`` (turn the
-cross-rank metadata check off; ``init(checks=False)`` does the same).
+gradient bucket, default 64 MiB), ``RINGTRAIN_HVD_CHECKS=0`` (turn the
+cross-rank metadata check off; ``init(checks=False)`` does the same) and
+``RINGTRAIN_DEBUG_COLLECTIVES=1`` (or a number of seconds: the check travels through the
+rendezvous store instead, so a rank that never arrives is named after that long, as under
+``Ring(debug_collectives=...)``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch.distributed as dist
 from .. import environments
 from ..comm import DEFAULT_FUSION_THRESHOLD, GLOBAL, ProcessSet, ProcessSetTable, ReduceOp
 from ..errors import RingtrainError
+from ..comm.store_check import StoreRows
 from ..strategies._group import ProcessGroup
 
 Average = ReduceOp.AVERAGE
@@ -92,6 +96,10 @@ def init(comm=None, process_sets=None, *, checks: bool | None = None) -> None:
         rt.fusion_threshold = _env_int("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD)
         rt.table.reset()
         GLOBAL.bind()
+        debug = os.environ.get("RINGTRAIN_DEBUG_COLLECTIVES", "0")
+        if debug not in ("", "0") and rt.group is not None and rt.checks and GLOBAL.checker is None:
+            # Once per group: after shutdown() and init() the rounds go on where they were.
+            GLOBAL.checker = StoreRows(rt.group.check_store(), 60.0 if debug == "1" else float(debug), "hvd-check")
         _topology(rt, env)
         rt.initialized = True
     elif checks is not None:

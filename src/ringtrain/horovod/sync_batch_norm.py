@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-from torch import nn
-
-from ..errors import RingtrainError
+from ..syncbn import SyncBatchNorm as _RingSyncBatchNorm
 
 
-def _implementation():
-    import ringtrain
+class SyncBatchNorm(_RingSyncBatchNorm):
+    """``SyncBatchNorm(num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True)``:
+    Horovod's signature; statistics over every rank's batch (ringtrain.syncbn.SyncBatchNorm)."""
 
-    impl = getattr(ringtrain, "SyncBatchNorm", None)
-    if impl is None:
-        raise RingtrainError(
-            "hvd.SyncBatchNorm needs ringtrain.SyncBatchNorm, which this ringtrain version does not have yet",
-            "use torch.nn.SyncBatchNorm on CUDA/NCCL, or a ringtrain release with SyncBatchNorm.",
-        )
-    return impl
-
-
-class SyncBatchNorm(nn.Module):
-    """``SyncBatchNorm(num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True)``.
-
-    Constructing it returns ringtrain's implementation (statistics over all ranks' batches).
-    """
-
-    def __new__(cls, *args, **kwargs):
-        return _implementation()(*args, **kwargs)
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats)

@@ -8,9 +8,19 @@ pay for importing torch.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 from typing import NamedTuple
+
+
+class HintingParser(argparse.ArgumentParser):
+    """The subcommands' parser: argparse's own errors (unknown flag, missing value) also end with a
+    HINT, and exit 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\nHINT: see `{self.prog} --help`.\n")
 
 
 class Command(NamedTuple):

@@ -246,25 +246,18 @@ import sys
 from dataclasses import dataclass, field
 
 from ..errors import RingtrainError
+from .cli import HintingParser
 from . import hosts, scripts
 from .hosts import TORCHRUN_DEFAULT_PORT
-from .ports import LOOPBACK
+from .ports import LOOPBACK, is_loopback
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 NPROC_WORDS = ("auto", "gpu", "cpu")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's own errors (unknown flag, missing value) also end with a HINT."""
-
-    def error(self, message: str):  # noqa: D401 - argparse API
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\nHINT: see `{self.prog} --help`.\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     summary, _, manual = __doc__.partition("\n\n")
-    parser = _Parser(
+    parser = HintingParser(
         prog="ringtrain run",
         usage="%(prog)s [options] script.py [script args ...]\n"
         "       %(prog)s [options] -m package.module [module args ...]",
@@ -415,6 +408,33 @@ def _nproc_text(ns: argparse.Namespace) -> str:
     return str(np)
 
 
+def _script_rendezvous(ns: argparse.Namespace, tcp: tuple[str, int] | None, elastic: bool) -> int | None:
+    """The master port, when the script names its own ``init_method="tcp://host:port"``: the store goes there."""
+    if tcp is None or elastic:
+        return ns.master_port
+    host, port = tcp
+    where = f"init_method='tcp://{host}:{port}'"
+    if ns.master_port is not None and ns.master_port != port:
+        raise RingtrainError(
+            f"the script rendezvouses at {where} but --master-port is {ns.master_port}: its workers would wait "
+            "for a store nobody runs",
+            f"drop --master-port (ringtrain hosts the store at {port}), give --master-port {port}, or write "
+            "init_method='env://' in the script.",
+        )
+    if not (is_loopback(host) or host in (ns.master_addr, "localhost")):
+        raise RingtrainError(
+            f"the script rendezvouses at {where} but the job's store is on --master-addr {ns.master_addr}",
+            f"pass --master-addr {host} (node 0's address), or write init_method='env://' in the script.",
+        )
+    if ns.max_restarts:
+        raise RingtrainError(
+            f"--max-restarts {ns.max_restarts} with a script that rendezvouses at the fixed address {where}: "
+            "restarted workers would meet in the failed attempt's store",
+            "write init_method='env://' (or leave it out) in the script, so each attempt gets a fresh store.",
+        )
+    return port
+
+
 def plan_from_args(ns: argparse.Namespace) -> Plan:
     """Validate the command line. Raises RingtrainError (exit code 2) before anything starts."""
     ns = argparse.Namespace(**vars(ns))
@@ -441,7 +461,9 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
         source_file = scripts.module_file(ns.script)
     else:
         source_file = scripts.check_script(ns.script)
-    spelling = scripts.local_rank_spelling(scripts.read_source(source_file)) if source_file else None
+    source = scripts.read_source(source_file) if source_file else ""
+    spelling = scripts.local_rank_spelling(source)
+    master_port = _script_rendezvous(ns, scripts.tcp_rendezvous(source), min_nodes != max_nodes)
     return Plan(
         nproc=nproc,
         nnodes=ns.nnodes,
@@ -449,7 +471,7 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
         elastic=min_nodes != max_nodes,
         node_rank=ns.node_rank,
         master_addr=ns.master_addr,
-        master_port=ns.master_port,
+        master_port=master_port,
         gpus=gpus,
         max_restarts=ns.max_restarts,
         log_dir=ns.log_dir,

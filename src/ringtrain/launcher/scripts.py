@@ -47,6 +47,21 @@ def local_rank_spelling(source: str) -> str | None:
     return None
 
 
+# init_method="tcp://host:port" written as a literal (seed 004's `init_method='tcp://127.0.0.1:23456'`).
+_TCP_INIT = re.compile(r"""init_method\s*=\s*(['"])tcp://(\[[^\]]+\]|[^:'"/]+):(\d+)\1""")
+
+
+def tcp_rendezvous(source: str) -> tuple[str, int] | None:
+    """The (host, port) of a literal ``init_method="tcp://host:port"`` in the script, if it has one.
+
+    Under a torchrun-style launcher every worker joins the launcher's store as a client
+    (``TORCHELASTIC_USE_AGENT_STORE``, also for ``tcp://``): at any other port nobody listens
+    and the workers wait until their timeout. So the launcher hosts its store there.
+    """
+    found = {(m.group(2).strip("[]"), int(m.group(3))) for m in _TCP_INIT.finditer(source)}
+    return found.pop() if len(found) == 1 else None
+
+
 def read_source(path: str) -> str:
     """The text of ``path``, or "" when it is not readable text (a compiled module, a zip)."""
     try:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.rendezvous import rendezvous
 
-from .. import collectives, devices, liveness
+from .. import devices, liveness
 from ..environments import Environment
 from ..errors import RingtrainError
 
@@ -69,7 +69,6 @@ class ProcessGroup:
         else:  # decided in form(), once the peers' GPUs are known; the backend is NCCL's then
             self.backend = devices.choose_backend(torch.device("cuda", 0), backend)
         self.store: dist.Store | None = None  # prefixed "ringtrain/": checks and the board live under it
-        self.checker: collectives.Checker | None = None
         self.membership: liveness.Membership | None = None
         self._owns_group = False
 
@@ -120,7 +119,7 @@ class ProcessGroup:
             raise self._formation_error(e) from e
         _formations += 1
         self._owns_group = True
-        self.store = dist.PrefixStore("ringtrain", raw)
+        self.store = dist.PrefixStore(f"ringtrain/{generation}", raw)  # this formation's keys only
         if board is not None:
             self.membership = liveness.Membership(board, backward_syncs=self.backward_syncs,
                                                   error_file=self.env.error_file)
@@ -171,14 +170,14 @@ class ProcessGroup:
         )
 
     # --- checks -------------------------------------------------------------------
-    def enable_checks(self, timeout: float) -> collectives.Checker:
+    def check_store(self) -> dist.Store:
+        """Where debug collective checks exchange their descriptors (the rendezvous store)."""
         if self.store is None:
             raise RingtrainError(
                 "debug_collectives needs the rendezvous store, but this ring joined a process group made elsewhere",
                 "let the Ring create the process group (do not call init_process_group yourself).",
             )
-        self.checker = collectives.Checker(self.store, self.rank, self.world_size, timeout)
-        return self.checker
+        return self.store
 
     # --- leaving ------------------------------------------------------------------
     def close(self, failure: BaseException | None = None) -> None:
@@ -203,7 +202,6 @@ class ProcessGroup:
                     time.sleep(0.05)
                 dist.destroy_process_group()
         self._owns_group = False
-        self.checker = None
         self.store = None
 
     def _at_exit(self) -> None:

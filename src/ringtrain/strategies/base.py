@@ -41,10 +41,8 @@ class Strategy(ABC):
     name: str = "base"
     # ring.setup(model, optimizer, **options): the keyword options this strategy understands.
     MODULE_OPTIONS: frozenset[str] = frozenset()
-    # Set by enable_collective_checks: every collective is first checked across ranks.
-    checker: collectives.Checker | None = None
-
     def __init__(self) -> None:
+        self.collectives = collectives.Collectives()  # the ring's own (Strategy.all_reduce & co.)
         self._env: Environment | None = None
         self.device_request = "auto"
         self.backend_request: str | None = None
@@ -110,7 +108,12 @@ class Strategy(ABC):
     @property
     def devices_per_process(self) -> int:
         """How many devices one process drives (DataParallel drives several)."""
-        return 1
+        return len(self.devices)
+
+    @property
+    def devices(self) -> list[torch.device]:
+        """The devices this process computes on (DataParallel: its replicas' GPUs)."""
+        return [self.device]
 
     def setup_environment(self) -> None:
         """Claim the device and join the process group (nothing to do on one process)."""
@@ -203,30 +206,30 @@ class Strategy(ABC):
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state_dict: Any) -> None:
         optimizer.load_state_dict(state_dict)
 
-    # --- communication: identity on one process (collectives.py) --------------------
+    # --- communication: identity on one process (collectives.py, over comm/) ----------
     def all_reduce(self, x: Any, op: str = "mean") -> torch.Tensor:
-        return collectives.all_reduce(x, op, self.checker)
+        return self.collectives.all_reduce(x, op)
 
     def all_gather(self, x: Any) -> torch.Tensor:
-        return collectives.all_gather(x, self.checker)
+        return self.collectives.all_gather(x)
 
     def reduce(self, x: Any, dst: int = 0, op: str = "mean") -> torch.Tensor | None:
-        return collectives.reduce(x, dst, op, self.checker)
+        return self.collectives.reduce(x, dst, op)
 
     def gather(self, x: Any, dst: int = 0) -> torch.Tensor | None:
-        return collectives.gather(x, dst, self.checker)
+        return self.collectives.gather(x, dst)
 
     def gather_object(self, obj: Any) -> list[Any]:
-        return collectives.gather_object(obj, self.checker)
+        return self.collectives.gather_object(obj)
 
     def broadcast(self, x: Any, src: int = 0) -> torch.Tensor:
-        return collectives.broadcast(x, src, self.checker)
+        return self.collectives.broadcast(x, src)
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        return collectives.broadcast_object(obj, src, self.checker)
+        return self.collectives.broadcast_object(obj, src)
 
     def barrier(self) -> None:
-        collectives.barrier(self.checker)
+        self.collectives.barrier()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -266,7 +269,7 @@ class Distributed(Strategy):
             self.group.close(failure)
 
     def enable_collective_checks(self, timeout: float) -> None:
-        self.checker = self.group.enable_checks(timeout)
+        self.collectives.enable_checks(self.group.check_store(), timeout)
 
 
 class PipelineSchedule(ABC):

@@ -73,8 +73,8 @@ class DataParallel(Strategy):
         return self._device
 
     @property
-    def devices_per_process(self) -> int:
-        return max(len(self.device_ids), 1)
+    def devices(self) -> list[torch.device]:
+        return [torch.device("cuda", i) for i in self.device_ids] if len(self.device_ids) > 1 else [self._device]
 
     def setup_environment(self) -> None:
         if self._device.type == "cuda":

@@ -20,6 +20,7 @@ from torch import nn
 
 from .. import comm
 from ..comm import GLOBAL, Compression, DEFAULT_FUSION_THRESHOLD
+from ..comm.store_check import StoreRows
 from ..errors import RingtrainError
 from .base import Distributed
 
@@ -60,6 +61,10 @@ class Horovod(Distributed):
         self.check = check
         self.backward_passes_per_step = 1
 
+    def __repr__(self) -> str:
+        name = next((k for k, v in COMPRESSIONS.items() if v is self.compression), self.compression.__name__)
+        return f"Horovod(compression={name!r})" if name != "none" else "Horovod()"
+
     def configure(self, *, accumulate: int = 1, nonfinite: str = "raise", sync_batchnorm: bool = False) -> None:
         if nonfinite == "skip":
             raise RingtrainError(
@@ -74,9 +79,10 @@ class Horovod(Distributed):
         GLOBAL.bind()  # under NCCL, a Gloo twin for CPU tensors
 
     def enable_collective_checks(self, timeout: float) -> None:
-        """Ring(debug_collectives=...): the ring's collectives (the store checker) and every gradient
-        synchronisation (ringtrain.comm's metadata check) are checked across ranks first."""
+        """Ring(debug_collectives=...): the ring's collectives and every gradient synchronisation are
+        checked across ranks first, through the store (a rank that never arrives is named)."""
         super().enable_collective_checks(timeout)
+        GLOBAL.checker = StoreRows(self.group.check_store(), timeout, prefix="hvd-check")
         self.check = True
 
     def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:

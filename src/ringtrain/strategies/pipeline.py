@@ -107,6 +107,10 @@ class Pipeline(Distributed, PipelineSchedule):
         self._loss_divisor = 1.0
         self._scaler: torch.amp.GradScaler | None = None
 
+    def __repr__(self) -> str:
+        return (f"Pipeline(stages={self.num_stages}, microbatches={self.microbatches}, schedule={self.schedule!r}"
+                + (f", split_at={self.split_at!r})" if self.split_at is not None else ")"))
+
     def check_job(self) -> None:
         if self.env.world_size % self.num_stages:
             raise RingtrainError(

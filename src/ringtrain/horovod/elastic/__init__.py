@@ -4,11 +4,13 @@ Horovod's elastic mode (horovod/common/elastic.py, horovod/torch/elastic/) keeps
 processes alive through failures: when a collective fails (``HorovodInternalError``)
 ``run`` restores the last ``commit()``-ed state, re-initialises, re-synchronises
 from rank 0 and calls the training function again. Here the same loop runs on
-torch.distributed for a fixed set of hosts: re-initialising rebuilds the process
-group from the same launcher environment. Hosts joining or leaving (Horovod's
-host discovery) is not supported; when a process dies, ``ringtrain run
---max-restarts N`` (torchrun's agent) restarts the workers instead, and the script
-starts again from its own checkpoint.
+torch.distributed for a fixed set of processes: re-initialising (``shutdown()`` then
+``init()``) keeps the same process group and the same peers, so it recovers from a
+failure every process survives (a ``HorovodInternalError`` a collective or the script
+raised), not from a dead peer. A rank that dies or leaves ends the whole job within
+seconds instead (ringtrain.liveness); ``ringtrain run --max-restarts N`` (torchrun's
+agent) then restarts every worker, and the script starts again from its own checkpoint.
+Hosts joining or leaving (Horovod's host discovery) is not supported.
 """
 
 from __future__ import annotations
