@@ -205,7 +205,8 @@ def test_sync_bn_needs_a_workload_with_batchnorm(capsys):
 def test_training_methods_in_seed_004s_words():
     row = {"mode": "ddp", "world_size": 4, "precision": "16-mixed", "status": "ok", "epoch_s": 14.5, "metric": 0.5}
     assert report.training_method(row) == "DDP x4+AMP fp16"  # the seed's "DDP+apex"
-    assert report.training_method({**row, "mode": "dp", "world_size": 1, "precision": "32"}) == "DP"
+    assert report.training_method({**row, "mode": "dp", "world_size": 2, "precision": "32"}) == "DP x2"  # 2 GPUs
+    assert report.training_method({**row, "mode": "ddp", "world_size": 1, "precision": "32"}) == "DDP x1"
     assert report.training_method({**row, "mode": "single", "world_size": 1, "precision": "bf16-mixed"}) == \
         "single process+AMP bf16"
     meta = {"model": "ResNet-18 (width 64)", "dataset": "CIFAR-100", "metric_name": "accuracy",

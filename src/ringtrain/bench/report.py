@@ -89,7 +89,7 @@ AMP = {"32": "", "bf16-mixed": "+AMP bf16", "16-mixed": "+AMP fp16"}
 def training_method(row: dict) -> str:
     """``DDP x2+AMP fp16``: the mode in the seed's words, the process count, the precision."""
     world = row.get("world_size")
-    count = f" x{world}" if row["mode"] != "single" and world not in (None, 1) else ""
+    count = f" x{world}" if row["mode"] != "single" and world is not None else ""
     return f"{METHOD.get(row['mode'], row['mode'])}{count}{AMP.get(row['precision'], '+' + str(row['precision']))}"
 
 
