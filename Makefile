@@ -10,13 +10,13 @@ STAMP  := $(VENV)/.ringtrain-installed
 
 GPU_CHECK_OUT ?= gpu-check-report
 
-.PHONY: demo test test-stress test-gpu gpu-check bench-overhead install clean
+.PHONY: demo test test-stress test-hosts test-gpu gpu-check bench-overhead install clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[dev,bench]"
+	$(PY) -m pip install --quiet -e ".[dev,bench,monai]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -37,6 +37,16 @@ test: $(STAMP)
 # 200 finished jobs with no abort at exit, every way a rank can leave x every launcher.
 test-stress: $(STAMP)
 	$(PY) -m pytest -q -s -m stress
+
+# Remote hosts for real: an OpenSSH server on 127.0.0.2 (started by the tests, with a key they make)
+# and `ringtrain run -H 127.0.0.1:1,127.0.0.2:1` / --hostfile / --nnodes with node 1 over ssh.
+# `make test` runs them too where sshd is installed and it runs as root; here openssh-server is
+# installed first (Debian/Ubuntu, as root), and a skip fails the target.
+test-hosts: $(STAMP)
+	command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client)
+	@out=$$($(PY) -m pytest -q -rs tests/launcher/test_launch_ssh.py 2>&1); status=$$?; echo "$$out"; \
+		test $$status -eq 0 && ! echo "$$out" | grep -q SKIPPED
 
 # GPU-marked tests only (they skip cleanly without CUDA).
 test-gpu: $(STAMP)

@@ -140,3 +140,56 @@ def test_single_process_loader_uses_whole_dataset():
     seen = [torch.cat([x for (x,) in loader]).tolist() for _ in ring.epochs(2)]
     assert sorted(seen[0]) == list(range(10)) and seen[0] != seen[1]
     assert len(loader) == 3 and loader.batch_size == 4
+
+
+class _Crops(torch.utils.data.Dataset):
+    """Each item is a list of `samples` dicts, as MONAI's RandCropByPosNegLabeld(num_samples=...) returns."""
+
+    def __init__(self, n: int, samples: int):
+        self.n, self.samples, self.tag = n, samples, "not initialised"
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> list:
+        return [{"img": torch.full((1, 2), float(10 * i + k)), "tag": self.tag} for k in range(self.samples)]
+
+
+def _flatten(items: list) -> dict:
+    # What monai.data.list_data_collate does with such items: one batch of batch x samples crops.
+    crops = [crop for item in items for crop in item]
+    return {"img": torch.cat([c["img"] for c in crops]), "tag": [c["tag"] for c in crops]}
+
+
+def _mark_worker(worker_id: int) -> None:
+    torch.utils.data.get_worker_info().dataset.tag = f"worker {worker_id}"
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_loader_keeps_the_collate_fn_and_worker_init_fn_it_is_given(workers):
+    ds = _Crops(8, samples=3)
+    loader = make_loader(ds, batch_size=2, shuffle=False, drop_last=False, exact=False, rank=1, world_size=2,
+                         seed=0, device=torch.device("cpu"), collate_fn=_flatten, worker_init_fn=_mark_worker,
+                         num_workers=workers)
+    batches = list(loader)
+    # rank 1 of 2 takes indices 1, 3, 5, 7 (DistributedSampler, no shuffle): 2 volumes x 3 crops per batch
+    assert [b["img"].shape for b in batches] == [torch.Size([6, 2])] * 2
+    assert batches[0]["img"][:, 0].tolist() == [10, 11, 12, 30, 31, 32]
+    expected_tag = "worker 0" if workers else "not initialised"
+    assert {t for b in batches for t in b["tag"]} == {expected_tag}
+
+
+def test_monai_list_data_collate_through_ring_loader():
+    monai = pytest.importorskip("monai", reason="monai is not installed (pip install -e '.[monai]')")
+    import numpy as np
+    from monai.transforms import RandCropByPosNegLabeld
+
+    rng = np.random.RandomState(0)
+    volumes = [{"img": rng.rand(1, 8, 8, 8).astype("float32"), "seg": (rng.rand(1, 8, 8, 8) > 0.5).astype("float32")}
+               for _ in range(4)]
+    crop = RandCropByPosNegLabeld(keys=["img", "seg"], label_key="seg", spatial_size=[4, 4, 4], num_samples=3)
+    ring = rt.Ring(seed=0)
+    loader = ring.loader(monai.data.Dataset(volumes, transform=crop), batch_size=2,
+                         collate_fn=monai.data.list_data_collate)
+    shapes = [tuple(batch["img"].shape) for batch in loader]
+    assert shapes == [(6, 1, 4, 4, 4)] * 2  # 2 volumes x 3 crops each, flattened into one batch

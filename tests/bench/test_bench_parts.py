@@ -190,3 +190,31 @@ def test_a_rank_synchronizes_only_the_gpus_its_mode_runs_on(monkeypatch):
     assert cuda_devices_of(ring_ddp) == [cuda(1)]  # only dp's replicas span several GPUs
     assert cuda_devices_of(ring_dp) == [cuda(0), cuda(1), cuda(2), cuda(3)]
     assert cuda_devices_of(SimpleNamespace(device=torch.device("cpu"))) == []
+
+
+def test_sync_bn_needs_a_workload_with_batchnorm(capsys):
+    assert cli.main(["--workload", "digits-cnn", "--sync-bn"]) == 2
+    err = capsys.readouterr().err
+    assert "no BatchNorm layer" in err and "HINT: use a workload with BatchNorm (cifar-resnet18, unet3d" in err
+    # the list of workloads with BatchNorm is their models' truth
+    for name in workloads.WORKLOADS:
+        model = workloads.build(name, quick=True, samples=64, batch_size=16).make_model()
+        assert workloads.has_batchnorm(model) == (name in workloads.WITH_BATCHNORM), name
+
+
+def test_training_methods_in_seed_004s_words():
+    row = {"mode": "ddp", "world_size": 4, "precision": "16-mixed", "status": "ok", "epoch_s": 14.5, "metric": 0.5}
+    assert report.training_method(row) == "DDP x4+AMP fp16"  # the seed's "DDP+apex"
+    assert report.training_method({**row, "mode": "dp", "world_size": 2, "precision": "32"}) == "DP x2"  # 2 GPUs
+    assert report.training_method({**row, "mode": "ddp", "world_size": 1, "precision": "32"}) == "DDP x1"
+    assert report.training_method({**row, "mode": "single", "world_size": 1, "precision": "bf16-mixed"}) == \
+        "single process+AMP bf16"
+    meta = {"model": "ResNet-18 (width 64)", "dataset": "CIFAR-100", "metric_name": "accuracy",
+            "device_name": "4 x 2080Ti", "config": {"sync_bn": True}}
+    skipped = {"mode": "pipeline", "status": "skipped", "reason": "x"}
+    assert report.seed_table([row, skipped], meta).splitlines() == [
+        "In seed 004's shape (SyncBatchNorm on in every mode; 4 x 2080Ti):",
+        "|model|dataset|training method|time(seconds/epoch)|Top-1 accuracy",
+        "|:---:|:---:|:---:|:---:|:---:",
+        "|ResNet-18 (width 64)|CIFAR-100|DDP x4+AMP fp16|14.50s|0.500",
+    ]

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = "examples/horovod_style.py"  # relative: the job runs in ROOT, as the example's docstring says
 ALIAS = str(Path(worker.__file__).resolve().parents[1] / "horovod" / "_alias")
-HERE = {"thisbox", "thisbox.example.org"}  # stands for local_names(): no lookups in unit tests
+HERE = {"thisbox", "thisbox.example.org", "10.1.2.3"}  # stands for local_names(): no lookups in unit tests
 PY = "/opt/venv/bin/python"
 
 
@@ -96,14 +96,23 @@ def test_np_fills_the_hosts_in_order():
 
 
 def test_local_host_detection():
-    for name in ("localhost", "LOCALHOST", "127.0.0.1", "127.0.1.1", "::1", "[::1]", "thisbox", "ThisBox.example.org"):
+    for name in ("localhost", "LOCALHOST", "127.0.0.1", "::1", "[::1]", "0:0::1", "thisbox", "ThisBox.example.org",
+                 "10.1.2.3"):
         assert hosts.is_local(name, HERE), name
-    for name in ("node1", "10.0.0.1", "thisbox2", "example.org"):
+    # Other loopback addresses are hosts to ssh to, as with horovodrun (no interface has them):
+    # the way to try the ssh path on one machine. 127.0.1.1 is here only when the host name resolves to it.
+    for name in ("node1", "10.0.0.1", "thisbox2", "example.org", "127.0.0.2", "127.0.1.1"):
         assert not hosts.is_local(name, HERE), name
+    assert hosts.is_local("127.0.1.1", HERE | {"127.0.1.1"})
     import socket
 
     assert hosts.is_local(socket.gethostname())  # the real lookup: this machine by its own name
     assert socket.gethostname().lower() in hosts.local_names()
+    try:
+        resolved = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return
+    assert hosts.is_local(resolved)  # ...and by the address its name resolves to
 
 
 # ---------------------------------------------------------------------------------------
@@ -149,6 +158,33 @@ def _master(node) -> str:
     return argv[argv.index("--master-addr") + 1]
 
 
+def test_ssh_port_and_identity_file_reach_ssh():
+    nodes = _nodes([Host("thisbox", 1), Host("node2", 1)], ssh_port=2222, ssh_identity_file="/keys/id cluster")
+    assert nodes[0].argv[0] == PY  # this machine: no ssh, no ssh options
+    assert nodes[1].argv[:9] == ["ssh", "-o", "BatchMode=yes", "-tt", "-p", "2222", "-i", "/keys/id cluster", "node2"]
+    assert shlex.split(nodes[1].argv[9])[:4] == ["cd", "/home/me/my project", "&&", "exec"]
+
+
+def test_a_failed_ssh_login_names_the_command_to_try():
+    node = _nodes([Host("thisbox", 1), Host("node2", 1)], ssh_port=2222, ssh_identity_file="/keys/id")[1]
+    text = hosts._describe(node, 255)
+    assert "node 1 (node2, over ssh): ssh failed (exit 255)" in text
+    assert "HINT: check that `ssh -o BatchMode=yes -p 2222 -i /keys/id node2 true` works" in text
+    assert "host's key is known" in text
+    assert hosts._describe(node, 3) == "node 1 (node2, over ssh) failed with exit code 3; the other nodes were stopped."
+
+
+def test_other_loopback_addresses_are_this_machine_over_ssh():
+    # -H 127.0.0.1:1,127.0.0.2:1: node 1 over ssh to 127.0.0.2, both meeting on node 0's 127.0.0.1
+    nodes = _nodes([Host("127.0.0.1", 1), Host("127.0.0.2", 1)])
+    assert [n.local for n in nodes] == [True, False] and nodes[1].argv[:5] == ["ssh", "-o", "BatchMode=yes", "-tt",
+                                                                               "127.0.0.2"]
+    assert [_master(n) for n in nodes] == ["127.0.0.1", "127.0.0.1"]
+    assert [_master(n) for n in _nodes([Host("localhost", 1), Host("127.0.0.2", 1)])] == ["127.0.0.1"] * 2
+    with pytest.raises(RingtrainError, match="cannot reach it by that name"):
+        _nodes([Host("127.0.0.1", 1), Host("127.0.0.2", 1), Host("node3", 1)])  # node3 is another machine
+
+
 def test_master_address_rules():
     assert [_master(n) for n in _nodes([Host("node1", 1), Host("localhost", 1)])] == ["node1", "node1"]
     assert _master(_nodes([Host("node1", 1)], master_addr="10.1.1.1")[0]) == "10.1.1.1"
@@ -181,6 +217,16 @@ def test_command_line_to_nodes(tmp_path, monkeypatch):
     assert [(n.nproc, n.local) for n in nodes] == [(2, False), (2, False)]  # every slot
     assert "--master-port 29500" in nodes[0].argv[-1]  # across machines: torchrun's port
     assert nodes[1].argv[-1].endswith("-m pkg.train")
+    key = write(tmp_path / "key", "not a real key\n")
+    ns = _ns("-H", "127.0.0.1:1,127.0.0.2:1", "--ssh-port", "2200", "--ssh_identity_file", "key", str(script))
+    nodes = hosts.nodes_from_args(ns, run.plan_from_args, environ={}, names=HERE)
+    assert nodes[1].argv[4:8] == ["-p", "2200", "-i", str(key)]  # the key as an absolute path
+    port = int(_words(nodes[1])[_words(nodes[1]).index("--master-port") + 1])
+    assert port != 29500  # every host is this machine: a free port, not torchrun's fixed one
+
+
+def _words(node) -> list:
+    return node.argv if node.local else shlex.split(node.argv[-1])
 
 
 def test_np_alone_is_one_node_and_horovod_reaches_the_worker(tmp_path):
@@ -214,6 +260,8 @@ def test_worker_maps_torchruns_variables_to_horovods():
     (["-H", "localhost:2", "--nproc-per-node", "2"], "--nproc-per-node with -H/--hostfile"),
     (["-H", "localhost:2", "--hostfile", "x"], "both -H and --hostfile"),
     (["-H", "localhost:1,node9:1"], "cannot reach it by that name"),
+    (["-H", "node1:1", "--ssh-port", "0"], "--ssh-port 0 is not a TCP port"),
+    (["-H", "node1:1", "--ssh-identity-file", "/nonexistent/key"], "is not a file"),
 ])
 def test_bad_arguments_exit_2_with_a_hint(tmp_path, capsys, argv, words):
     script = write(tmp_path / "train.py", "print('hi')\n")

@@ -7,6 +7,7 @@ Usage:
     ringtrain bench --workload cifar-resnet18 --data ~/data/cifar-100-python
     ringtrain bench --modes ddp,raw-ddp --repeats 7            # ringtrain's overhead vs the tutorial loop
     ringtrain bench --preset gpu [--compile] [--nprocs 1,8]    # CIFAR ResNet-18 images/s and MFU on GPUs
+    ringtrain bench --workload cifar-resnet18 --sync-bn --modes dp,ddp --precision 32,16-mixed   # seed 004's table
 
 Workloads (nothing is downloaded): digits-cnn (scikit-learn's real digits; held-out
 accuracy), cifar-resnet18 (CIFAR-100-shaped synthetic images, or the real set with
@@ -23,7 +24,15 @@ Every mode trains the same global batch per optimizer step (--batch-size) and th
 number of samples; warm-up steps are not timed; each figure is the median of --repeats
 runs taken in alternating order. Columns and method: docs/bench.md.
 
-Output: a table on stdout; results.csv, results.json and throughput.png in --out.
+--sync-bn: SyncBatchNorm in every mode, as in seed 004's timings (Ring(sync_batchnorm=True);
+raw-ddp converts with nn.SyncBatchNorm.convert_sync_batchnorm, or on CPU/Gloo, where torch's
+refuses CPU tensors, with ringtrain's SyncBatchNorm). Batch statistics then cover the global
+batch, so ddp on W processes trains the model single trains. For workloads with BatchNorm
+(cifar-resnet18, unet3d); dp and pipeline cannot synchronise BatchNorm and are SKIPPED.
+
+Output: the full table on stdout, then the same results in seed 004's shape (model, dataset,
+training method, time in s/epoch, accuracy or Dice); results.csv, results.json and
+throughput.png in --out.
 
 Environment variables: none are read by the bench itself; CUDA_VISIBLE_DEVICES limits
 the GPUs it sees, as always.
@@ -43,7 +52,7 @@ import tempfile
 
 from ..errors import RingtrainError
 from .modes import MODES
-from .workloads import WORKLOADS
+from .workloads import WITH_BATCHNORM, WORKLOADS
 
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 # CPUs have no float16 arithmetic: torch emulates it, 10-30x slower than fp32 (measured here), so
@@ -83,6 +92,8 @@ def parser() -> argparse.ArgumentParser:
     _add(p, "--batch-size", type=int, help="global batch per optimizer step, the same in every mode "
                                            "(default: the workload's; --preset gpu: per GPU, 512)")
     _add(p, "--accumulate", type=int, default=4, help="k for ddp+accumulate (default 4)")
+    _add(p, "--sync-bn", action="store_true", help="SyncBatchNorm in every mode, as seed 004's timings "
+                                                   "(workloads with BatchNorm: cifar-resnet18, unet3d)")
     _add(p, "--repeats", type=int, help="runs per measurement (default 5; --quick 3)")
     _add(p, "--warmup", type=int, help="untimed optimizer steps per run (default 3; --quick 2)")
     _add(p, "--width", type=int, help="model width: channels (CNNs), hidden size (mlp), base channels (unet3d)")
@@ -153,7 +164,15 @@ def _main(args: argparse.Namespace) -> int:
     repeats = args.repeats or defaults["repeats"]
     warmup = args.warmup if args.warmup is not None else defaults["warmup"]
     if args.preset == "gpu":
+        if args.sync_bn:
+            raise RingtrainError("--sync-bn with --preset gpu", "the GPU preset measures one process per GPU "
+                                 "configuration without it; drop --sync-bn, or use --workload cifar-resnet18 --sync-bn.")
         return _gpu(args, precisions, nprocs, repeats, warmup)
+    if args.sync_bn and args.workload not in WITH_BATCHNORM:
+        raise RingtrainError(f"--sync-bn with --workload {args.workload}: its model has no BatchNorm layer, so there "
+                             "is nothing to synchronise",
+                             f"use a workload with BatchNorm ({', '.join(WITH_BATCHNORM)}; cifar-resnet18 is seed "
+                             "004's ResNet-18), or drop --sync-bn.")
     from . import plot, report, runner, stats
 
     cfg = runner.Config(
@@ -161,13 +180,14 @@ def _main(args: argparse.Namespace) -> int:
         epochs=None if args.steps else (args.epochs or defaults["epochs"]), steps=args.steps, batch_size=args.batch_size,
         accumulate=args.accumulate, repeats=repeats, warmup=warmup, quick=args.quick, width=args.width,
         samples=args.samples, data=args.data, device=args.device, threads=args.threads_per_rank,
-        timeout=args.timeout, progress=not args.no_progress,
+        timeout=args.timeout, progress=not args.no_progress, sync_bn=args.sync_bn,
     )
     with tempfile.TemporaryDirectory(prefix="ringtrain-bench-") as scratch:
         result = runner.run(cfg, scratch)
     rows = stats.summarize(result["records"], cfg.precisions)
     meta = result["meta"]
     print(report.table(rows, meta), flush=True)
+    print("\n" + report.seed_table(rows, meta), flush=True)
     paths = report.write_all(rows, meta, result["records"], args.out)
     paths.append(plot.throughput_png(rows, meta, f"{args.out}/throughput.png"))
     print(f"\nwrote {', '.join(paths)}")

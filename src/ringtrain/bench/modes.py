@@ -83,8 +83,10 @@ def _grad_bytes(model: nn.Module, fp16: bool = False) -> int:
 class RingTrainer:
     """The ringtrain script, identical in every mode; ``mode`` only picks the Ring's arguments."""
 
-    def __init__(self, mode: str, wl: Workload, precision: str, device: str, accumulate: int):
+    def __init__(self, mode: str, wl: Workload, precision: str, device: str, accumulate: int, sync_bn: bool = False):
         kwargs: dict[str, Any] = {"seed": 0, "precision": precision, "device": device}
+        if sync_bn:
+            kwargs["sync_batchnorm"] = True
         strategy: Any = {"ddp+accumulate": "ddp"}.get(mode, mode)
         if mode == "ddp+accumulate":
             kwargs["accumulate"] = accumulate
@@ -94,7 +96,7 @@ class RingTrainer:
             if wl.split_at is None:
                 raise Skip(f"{wl.name}: {NO_PIPELINE.get(wl.name, 'no split point')}")
             strategy = rt.strategies.Pipeline(stages=PIPELINE_STAGES, microbatches=PIPELINE_MICROBATCHES)
-        shown = f"strategy={strategy!r}"
+        shown = f"strategy={strategy!r}" + (", sync_batchnorm=True" if sync_bn else "")
         try:
             # ring.print's notes (global batch ...) would be printed once per run: keep stdout for the table.
             with contextlib.redirect_stdout(io.StringIO()):
@@ -191,14 +193,19 @@ class RingTrainer:
 class RawDDPTrainer:
     """The DDP loop as the tutorials write it; the process group is already up (init_process_group)."""
 
-    def __init__(self, wl: Workload, precision: str, device: str):
+    def __init__(self, wl: Workload, precision: str, device: str, sync_bn: bool = False):
         self.wl = wl
         rank, world = dist.get_rank(), dist.get_world_size()
         cuda = device != "cpu" and torch.cuda.is_available()
         local = rank % max(torch.cuda.device_count(), 1)
         self.device = torch.device("cuda", local) if cuda else torch.device("cpu")
         torch.manual_seed(0)
-        model = wl.make_model().to(self.device)
+        model = wl.make_model()
+        if sync_bn:
+            # Seed 004's line, before the DDP wrap. torch's SyncBatchNorm refuses CPU tensors, so on
+            # CPU/Gloo the same layer from ringtrain (same statistics, all_reduce over Gloo) stands in.
+            model = (nn.SyncBatchNorm if cuda else rt.SyncBatchNorm).convert_sync_batchnorm(model)
+        model = model.to(self.device)
         self.grad_bytes = _grad_bytes(model)
         self.model = DistributedDataParallel(model, device_ids=[local] if cuda else None)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=wl.lr, momentum=MOMENTUM)
@@ -238,10 +245,10 @@ class RawDDPTrainer:
         return self.model.module
 
 
-def make_trainer(mode: str, wl: Workload, precision: str, device: str, accumulate: int):
+def make_trainer(mode: str, wl: Workload, precision: str, device: str, accumulate: int, sync_bn: bool = False):
     if mode == "raw-ddp":
-        return RawDDPTrainer(wl, precision, device)
-    return RingTrainer(mode, wl, precision, device, accumulate)
+        return RawDDPTrainer(wl, precision, device, sync_bn)
+    return RingTrainer(mode, wl, precision, device, accumulate, sync_bn)
 
 
 def precision_problem(precision: str, device: torch.device) -> str | None:

@@ -64,6 +64,7 @@ def table(rows: list[dict], meta: dict) -> str:
         f"{config.get('warmup')} warm-up steps; median of {config.get('repeats')} repeats in alternating order",
         f"  torch {meta.get('torch')} on {meta.get('device_name') or meta.get('device')} "
         f"({meta.get('cpu_count')} cores; {meta.get('threads_per_rank')} torch thread(s) per rank on CPU)",
+        *(["  SyncBatchNorm in every mode (--sync-bn)"] if config.get("sync_bn") else []),
         "",
         header,
         "-" * len(header),
@@ -74,6 +75,37 @@ def table(rows: list[dict], meta: dict) -> str:
         else:
             lines.append(f"{row['mode']:<14}  {row['status'].upper()} (W={row['world_size']}, precision "
                          f"{row['precision']}): {row['reason']}")
+    return "\n".join(lines)
+
+
+# Seed 004's names for the ways of training (its table: DP, DP+apex, DDP, DDP+apex).
+METHOD = {"single": "single process", "dp": "DP", "ddp": "DDP", "ddp+accumulate": "DDP+accumulate",
+          "hvd": "Horovod-style", "hvd+fp16": "Horovod-style+fp16 allreduce", "pipeline": "pipeline",
+          "raw-ddp": "DDP (hand-written loop)"}
+# Mixed precision is what seed 004 did with apex (amp.initialize); ringtrain does it with torch.amp.
+AMP = {"32": "", "bf16-mixed": "+AMP bf16", "16-mixed": "+AMP fp16"}
+
+
+def training_method(row: dict) -> str:
+    """``DDP x2+AMP fp16``: the mode in the seed's words, the process count, the precision."""
+    world = row.get("world_size")
+    count = f" x{world}" if row["mode"] != "single" and world is not None else ""
+    return f"{METHOD.get(row['mode'], row['mode'])}{count}{AMP.get(row['precision'], '+' + str(row['precision']))}"
+
+
+def seed_table(rows: list[dict], meta: dict) -> str:
+    """The measured rows in seed 004's shape: | model | dataset | training method | time(seconds/epoch) | metric |."""
+    metric = "Top-1 accuracy" if meta.get("metric_name", "accuracy") == "accuracy" else "Dice"
+    syncbn = "SyncBatchNorm on in every mode" if meta.get("config", {}).get("sync_bn") else "plain BatchNorm"
+    lines = [f"In seed 004's shape ({syncbn}; {meta.get('device_name') or meta.get('device')}):",
+             f"|model|dataset|training method|time(seconds/epoch)|{metric}",
+             "|:---:|:---:|:---:|:---:|:---:"]
+    model, dataset = meta.get("model") or meta.get("workload"), meta.get("dataset") or ""
+    for row in rows:
+        if row["status"] != "ok":
+            continue
+        value = "-" if row.get("metric") is None else f"{row['metric']:.3f}"
+        lines.append(f"|{model}|{dataset}|{training_method(row)}|{row['epoch_s']:.2f}s|{value}")
     return "\n".join(lines)
 
 

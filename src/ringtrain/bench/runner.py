@@ -57,6 +57,7 @@ class Config:
     threads: int = 1  # torch threads per rank on CPU (torchrun's OMP_NUM_THREADS=1 default)
     timeout: float = 1800.0
     progress: bool = True
+    sync_bn: bool = False  # SyncBatchNorm in every mode (seed 004's timings had it on)
 
     def build_workload(self) -> workloads.Workload:
         return workloads.build(self.workload, quick=self.quick, width=self.width, samples=self.samples,
@@ -91,7 +92,7 @@ def _run_once(mode: str, wl: workloads.Workload, precision: str, cfg: Config, ti
     gc.collect()
     device = _device(cfg)
     resettable = _reset_peak_memory(device)
-    trainer = make_trainer(mode, wl, precision, cfg.device, cfg.accumulate)
+    trainer = make_trainer(mode, wl, precision, cfg.device, cfg.accumulate, cfg.sync_bn)
     gpus = cuda_devices_of(trainer)
 
     def sync() -> None:
@@ -124,6 +125,9 @@ def _run_once(mode: str, wl: workloads.Workload, precision: str, cfg: Config, ti
     peak = _peak_memory_mib(device)  # training's peak, before evaluation adds its own
     model = trainer.eval_model()
     metric = wl.evaluate(model, device) if evaluate and model is not None and dist.get_rank() == 0 else None
+    # Which BatchNorm layers this run trained with: --sync-bn must show SyncBatchNorm here.
+    norms = sorted({type(m).__module__ + "." + type(m).__name__ for m in (model.modules() if model is not None else ())
+                    if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)})
     mine = {"samples": samples * trainer.sample_share, "loss": (loss_sum / max(loss_n, 1)).item(),
             "elapsed": elapsed, "peak": peak, "comm": comm_bytes, "calls": allreduces}
     everyone: list[Any] = [None] * dist.get_world_size()
@@ -143,7 +147,7 @@ def _run_once(mode: str, wl: workloads.Workload, precision: str, cfg: Config, ti
                           "getrusage ru_maxrss, reset per run" if resettable else "getrusage ru_maxrss, process lifetime"),
         "comm_bytes_per_step": max(comm) if comm else None, "allreduces_per_step": everyone[0]["calls"],
         "comm_method": comm_method, "devices": devices,
-        "final_loss": sum(r["loss"] for r in everyone) / len(everyone), "metric": metric,
+        "final_loss": sum(r["loss"] for r in everyone) / len(everyone), "metric": metric, "norm_layers": norms,
     }
 
 
@@ -220,6 +224,7 @@ def worker(cfg: Config, modes: list[str], journal: str) -> dict | None:
     meta = {"workload": wl.name, "describe": wl.describe, "parameters": wl.params, "train_samples": len(wl.train),
             "global_batch": wl.global_batch, "steps_per_epoch": spe, "timed_steps": timed,
             "metric_name": wl.metric_name, "device": str(device), "threads_per_rank": cfg.threads,
+            "model": wl.model_name, "dataset": wl.data_name, "sync_bn": cfg.sync_bn,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()}
     return {"meta": meta, "records": records}
 

@@ -24,6 +24,8 @@ from . import datasets
 from .models import ResNet18, UNet3D
 
 WORKLOADS = ("digits-cnn", "cifar-resnet18", "mlp", "unet3d")
+# The workloads whose models have BatchNorm layers: the ones --sync-bn changes.
+WITH_BATCHNORM = ("cifar-resnet18", "unet3d")
 NO_PIPELINE = {"unet3d": "the U-Net's skip connections join each level to the far end of the network, so it is "
                          "no nn.Sequential to cut into pipeline stages"}
 
@@ -39,6 +41,8 @@ class Workload:
     lr: float
     metric_name: str  # "accuracy" or "dice"
     split_at: list[str] | None = None  # pipeline split point(s) of the Sequential; None = cannot be cut (NO_PIPELINE)
+    model_name: str = ""  # the "model" and "dataset" columns of the tutorial-shaped table
+    data_name: str = ""
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(output, target)
@@ -135,7 +139,8 @@ def build(
         if samples:
             train = TensorDataset(*(t[:samples] for t in train.tensors))
         wl = Workload(name, f"DigitsCNN (width {w}) on scikit-learn's real 8x8 digits", lambda: _digits_cnn(w),
-                      train, test, batch_size or default_batch(name, quick), 0.05, "accuracy", split_at=["5"])
+                      train, test, batch_size or default_batch(name, quick), 0.05, "accuracy", split_at=["5"],
+                      model_name=f"DigitsCNN (width {w})", data_name="scikit-learn digits")
     elif name == "mlp":
         hidden, layers = width or 1024, 3 if quick else 4
         n = samples or (2048 if quick else 16384)
@@ -144,7 +149,8 @@ def build(
         wl = Workload(name, f"MLP 256-{hidden}x{layers}-10 on synthetic vectors (communication-bound)",
                       lambda: _mlp(256, hidden, layers), TensorDataset(x[:n], y[:n]),
                       TensorDataset(x[n:], y[n:]), batch_size or default_batch(name, quick), 0.02, "accuracy",
-                      split_at=[str(1 + 2 * (layers // 2))])
+                      split_at=[str(1 + 2 * (layers // 2))], model_name=f"MLP 256-{hidden}x{layers}-10",
+                      data_name="synthetic vectors")
     elif name == "cifar-resnet18":
         w = width or (8 if quick else 64)
         if data is not None:
@@ -159,7 +165,9 @@ def build(
             train, test = TensorDataset(x[:n], y[:n]), TensorDataset(x[n:], y[n:])
             source = "synthetic CIFAR-100-shaped images"
         wl = Workload(name, f"CIFAR ResNet-18 (width {w}) on {source}", lambda: _resnet18(w), train, test,
-                      batch_size or default_batch(name, quick), 0.05, "accuracy", split_at=["5"])
+                      batch_size or default_batch(name, quick), 0.05, "accuracy", split_at=["5"],
+                      model_name=f"ResNet-18 (width {w})",
+                      data_name="CIFAR-100" if data is not None else "synthetic CIFAR-100-shaped")
     else:  # unet3d
         base, side = width or (8 if quick else 16), 16 if quick else 32
         n = samples or (128 if quick else 512)
@@ -167,5 +175,10 @@ def build(
         x, y = both.tensors
         wl = Workload(name, f"3D U-Net (base {base}) segmenting synthetic {side}^3 volumes",
                       lambda: UNet3D(1, 2, base=base, depth=2), TensorDataset(x[:n], y[:n]),
-                      TensorDataset(x[n:], y[n:]), batch_size or default_batch(name, quick), 0.05, "dice")
+                      TensorDataset(x[n:], y[n:]), batch_size or default_batch(name, quick), 0.05, "dice",
+                      model_name=f"3D U-Net (base {base})", data_name=f"synthetic {side}^3 volumes")
     return wl.trimmed()
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

@@ -13,8 +13,12 @@ and then supervises them. This file holds the pieces:
   dropped). Nodes may run different numbers of processes: torchelastic assigns global
   ranks by the cumulative sum of every node's ``local_world_size``
   (``SimpleElasticAgent._assign_worker_ranks``), also with a static rendezvous;
-* the command for each node: local host names (``localhost``, loopback addresses, this
-  machine's host name) start an agent here; other hosts get one over ssh;
+* the command for each node: this machine (``localhost``, ``127.0.0.1``, ``::1``, its host
+  names and the addresses they resolve to) starts an agent here; every other host gets one
+  over ssh (``--ssh-port``, ``--ssh-identity-file`` as horovodrun's). Other loopback
+  addresses (``127.0.0.2``) count as other hosts, as with horovodrun, which starts a
+  process locally only for an address one of this machine's interfaces has (127.0.0.1 is
+  the loopback interface's): that is how a multi-node job is tried over ssh on one machine;
 * supervision (``run_nodes``): wait for all, stop the others on the first failure,
   forward SIGINT/SIGTERM.
 
@@ -41,6 +45,10 @@ from ..errors import RingtrainError
 
 TORCHRUN_DEFAULT_PORT = 29500  # torchrun's default for multi-node static rendezvous
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+# The loopback interface's own addresses: the only loopback addresses that are "here" rather
+# than a host to ssh to (horovod/runner/util/network.py get_local_host_addresses lists the
+# interfaces' addresses; 127.0.0.2 answers on Linux but is no interface's address).
+HERE_ADDRESSES = frozenset({"127.0.0.1", "::1"})
 
 # Variables passed on to remote agents (the remote shell starts from its own login
 # environment). Everything else, e.g. PATH, comes from the remote login; the python is
@@ -182,33 +190,55 @@ def is_loopback_name(name: str) -> bool:
     return name.lower() in LOOPBACK_NAMES or _is_loopback_literal(name)
 
 
+def _address(name: str) -> str | None:
+    """``name`` as a normalised IP address literal, or None for a host name."""
+    try:
+        return str(ipaddress.ip_address(name.strip("[]")))
+    except ValueError:
+        return None
+
+
 def local_names() -> set:
-    """This machine's names, lower case: its host name, short name and fully qualified name."""
-    names = {socket.gethostname().lower()}
-    names.add(next(iter(names)).split(".")[0])
+    """This machine's names, lower case: its host name, short name, fully qualified name, and the
+    addresses the host name resolves to (on Debian often 127.0.1.1, from /etc/hosts)."""
+    host = socket.gethostname().lower()
+    names = {host, host.split(".")[0]}
     try:
         names.add(socket.getfqdn().lower())  # may ask the resolver; called once per launch
+        names.update(socket.gethostbyname_ex(host)[2])
     except OSError:
         pass
     return names
 
 
 def is_local(name: str, names: set | None = None) -> bool:
-    """True when ``name`` is this machine: a loopback name/address or one of ``names`` (``local_names()``)."""
-    if is_loopback_name(name):
+    """True when ``name`` is this machine, where its agent starts without ssh: ``localhost`` (and its
+    aliases), 127.0.0.1, ::1, or one of ``names`` (``local_names()``: host names and their addresses).
+
+    Other loopback addresses, such as 127.0.0.2, are not: they are started over ssh like any other
+    host (as horovodrun does), which tries the ssh path of a multi-node job on one machine.
+    """
+    if name.lower() in LOOPBACK_NAMES:
         return True
-    return name.lower() in (local_names() if names is None else names)
+    names = local_names() if names is None else names
+    address = _address(name)
+    if address is not None:
+        return address in HERE_ADDRESSES or address in names
+    return name.lower() in names
 
 
 def master_address(nodes: Sequence, given: str | None) -> str:
-    """Where the other nodes reach node 0: ``--master-addr``, else 127.0.0.1 when all hosts are
-    local, else the first host's name (which therefore must not be a loopback name)."""
+    """Where the other nodes reach node 0: ``--master-addr``, else 127.0.0.1 when every host is this
+    machine, else the first host's name — which must not be a loopback name unless every other host
+    is a loopback address too (this machine, reached over ssh)."""
     if given is not None:
         return given
     if all(n.local for n in nodes):
         return "127.0.0.1"
     first = nodes[0].host
     if is_loopback_name(first):
+        if all(is_loopback_name(n.host) for n in nodes):  # e.g. -H 127.0.0.1:1,127.0.0.2:1: one machine
+            return _address(first) or "127.0.0.1"
         raise RingtrainError(
             f"the first host, {first!r}, is node 0 and hosts the rendezvous, but the other hosts cannot reach "
             "it by that name",
@@ -232,16 +262,24 @@ def agent_argv(python: str, node_rank: int, nnodes: int, nproc: int, master_addr
             *options, *target]
 
 
-def ssh_argv(host: str, cwd: str, env: Mapping, argv: Sequence) -> list:
-    """``ssh -o BatchMode=yes -tt HOST 'cd CWD && env K=V ... ARGV'``, every word shell-quoted."""
+def ssh_options(port: int | None = None, identity_file: str | None = None) -> list:
+    """``ssh -o BatchMode=yes -tt [-p PORT] [-i FILE]``: horovodrun's --ssh-port / --ssh-identity-file."""
+    return [*SSH, *(["-p", str(port)] if port is not None else []),
+            *(["-i", identity_file] if identity_file is not None else [])]
+
+
+def ssh_argv(host: str, cwd: str, env: Mapping, argv: Sequence, *, port: int | None = None,
+             identity_file: str | None = None) -> list:
+    """``ssh -o BatchMode=yes -tt [-p P] [-i F] HOST 'cd CWD && env K=V ... ARGV'``, every word shell-quoted."""
     words = [shlex.quote(w) for w in argv]
     if env:
         words = ["env", *(shlex.quote(f"{k}={v}") for k, v in env.items()), *words]
-    return [*SSH, host, f"cd {shlex.quote(cwd)} && exec {' '.join(words)}"]
+    return [*ssh_options(port, identity_file), host, f"cd {shlex.quote(cwd)} && exec {' '.join(words)}"]
 
 
 def plan_nodes(hosts: Sequence, *, master_addr: str | None, master_port: int, options: Sequence,
-               target: Sequence, python: str, cwd: str, environ: Mapping, names: set | None = None) -> list:
+               target: Sequence, python: str, cwd: str, environ: Mapping, names: set | None = None,
+               ssh_port: int | None = None, ssh_identity_file: str | None = None) -> list:
     """One Node per assigned host: a local agent, or the same agent started over ssh."""
     names = local_names() if names is None else names
     local = [is_local(h.name, names) for h in hosts]
@@ -252,7 +290,7 @@ def plan_nodes(hosts: Sequence, *, master_addr: str | None, master_port: int, op
     for node in draft:
         argv = agent_argv(python, node.rank, len(draft), node.nproc, addr, master_port, options, target)
         if not node.local:
-            argv = ssh_argv(node.host, cwd, env, argv)
+            argv = ssh_argv(node.host, cwd, env, argv, port=ssh_port, identity_file=ssh_identity_file)
         nodes.append(Node(node.host, node.rank, node.nproc, node.local, argv))
     return nodes
 
@@ -298,16 +336,32 @@ def nodes_from_args(ns: argparse.Namespace, check: Callable, *, environ: Mapping
     names = local_names() if names is None else names
     port = ns.master_port
     if port is None:
-        # All on this machine: a free loopback port (node 0's agent binds it a moment later).
-        # Across machines every node must know the port in advance: torchrun's default.
-        here = all(is_local(h.name, names) for h in assigned) and ns.master_addr is None
+        # All on this machine (loopback addresses reached over ssh included): a free loopback port
+        # (node 0's agent binds it a moment later). Across machines every node must know the port
+        # in advance: torchrun's default.
+        here = all(is_local(h.name, names) or is_loopback_name(h.name) for h in assigned) and ns.master_addr is None
         port = _free_loopback_port() if here else TORCHRUN_DEFAULT_PORT
+    ssh_port, identity = _ssh_settings(ns)
     target = ["-m", ns.script] if ns.module else [ns.script]
     return plan_nodes(
         assigned, master_addr=ns.master_addr, master_port=port, options=agent_options(ns),
         target=[*target, *ns.script_args], python=sys.executable, cwd=os.getcwd(),
         environ=os.environ if environ is None else environ, names=names,
+        ssh_port=ssh_port, ssh_identity_file=identity,
     )
+
+
+def _ssh_settings(ns: argparse.Namespace) -> tuple:
+    """``--ssh-port`` and ``--ssh-identity-file``, checked; the identity file as an absolute path."""
+    port, identity = getattr(ns, "ssh_port", None), getattr(ns, "ssh_identity_file", None)
+    if port is not None and not 1 <= port <= 65535:
+        raise RingtrainError(f"--ssh-port {port} is not a TCP port", "use 1..65535 (the hosts' sshd port, 22 by default).")
+    if identity is not None:
+        if not os.path.isfile(identity):
+            raise RingtrainError(f"--ssh-identity-file {identity!r} is not a file",
+                                 "give the private key ssh logs in with (e.g. ~/.ssh/id_ed25519), not the .pub.")
+        identity = os.path.abspath(identity)
+    return port, identity
 
 
 # ---------------------------------------------------------------------------------------
@@ -342,8 +396,11 @@ def _code(returncode: int) -> int:
 def _describe(node: Node, code: int) -> str:
     where = f"node {node.rank} ({node.host}{'' if node.local else ', over ssh'})"
     if not node.local and code == 255:
-        return (f"{where}: ssh failed (exit 255)\nHINT: check `ssh -o BatchMode=yes {node.host} true` works "
-                "without a password, and that the host name is right.")
+        # The words this node's ssh was started with (-p/-i included), up to the host; ssh_argv's last is the command.
+        ssh = " ".join(shlex.quote(w) for w in node.argv[:-1] if w != "-tt")
+        return (f"{where}: ssh failed (exit 255)\nHINT: check that `{ssh} true` works without a password, that "
+                "the host name is right, and that the host's key is known (a host never connected to before "
+                "fails under BatchMode: connect once with plain ssh to accept its key).")
     return f"{where} failed with exit code {code}; the other nodes were stopped."
 
 

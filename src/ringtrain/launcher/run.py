@@ -72,6 +72,7 @@ too, with or without ``--horovod``::
     ringtrain run --horovod -np 8 -H node1:4,node2:4 train.py
     ringtrain run --horovod -np 8 --hostfile hosts.txt train.py
     ringtrain run --horovod -np 2 -H localhost:1,127.0.0.1:1 train.py   # two nodes on this machine
+    ringtrain run --horovod -np 8 -H node1:4,node2:4 --ssh-port 2222 --ssh-identity-file ~/.ssh/cluster train.py
 
 * ``-np N``: processes in the whole job (default with a host list: every slot). Alone it
   is ``--nproc-per-node N``, one node.
@@ -85,22 +86,29 @@ too, with or without ``--horovod``::
 * One command starts one ``ringtrain run`` agent per host (``--nnodes K --node-rank i``),
   waits for all, and exits with the first failing node's exit code after stopping the
   others; Ctrl-C or SIGTERM stops every node. Nodes print to this terminal.
-* Hosts named ``localhost``, a loopback address, or this machine's host name start here.
-  When all are, the nodes meet on 127.0.0.1 on a free port (a way to try a multi-node job
-  on one machine: each node's local ranks start at 0, on the same GPUs).
-* Other hosts are started over ssh:
-  ``ssh -o BatchMode=yes -tt HOST 'cd CWD && exec env VARS PYTHON -m ringtrain run --nnodes K
-  --node-rank i --master-addr FIRST_HOST --master-port P ... train.py args'``. This needs
-  passwordless ssh from here to every host (BatchMode: never a password prompt), and the
-  same current directory, script, ``PYTHON`` (this interpreter's absolute path: the same
-  virtual environment) and ringtrain on every host. ``-tt`` makes a stopped launcher hang
-  up the remote agents, which then stop their workers. VARS are this shell's
+* This machine starts its node here, without ssh: ``localhost``, ``127.0.0.1``, ``::1``,
+  its host name (short or fully qualified) and the addresses that name resolves to. When
+  every host is this machine, the nodes meet on 127.0.0.1 on a free port (a way to try a
+  multi-node job on one machine: each node's local ranks start at 0, on the same GPUs).
+* Every other host is started over ssh, other loopback addresses included, as horovodrun
+  does: ``-H 127.0.0.1:1,127.0.0.2:1`` runs node 1 over ssh to 127.0.0.2 (this machine, if an
+  sshd listens there), which tries the ssh path of a multi-node job on one machine. The command:
+  ``ssh -o BatchMode=yes -tt [-p PORT] [-i FILE] HOST 'cd CWD && exec env VARS PYTHON -m ringtrain
+  run --nnodes K --node-rank i --master-addr FIRST_HOST --master-port P ... train.py args'``,
+  with ``-p``/``-i`` from ``--ssh-port``/``--ssh-identity-file`` (horovodrun's flags; ssh's own
+  defaults and ``~/.ssh/config`` apply otherwise). This needs passwordless ssh from here to
+  every host (BatchMode: never a password prompt, and a host whose key is not yet known is
+  refused: connect to it once with plain ssh first; horovodrun instead turns host-key
+  checking off), and the same current directory, script, ``PYTHON`` (this interpreter's
+  absolute path: the same virtual environment) and ringtrain on every host. ``-tt`` makes a
+  stopped launcher hang up the remote agents, which then stop their workers. VARS are this shell's
   ``PYTHONPATH``, ``LD_LIBRARY_PATH``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
   ``CUDA_VISIBLE_DEVICES`` and ``NCCL_*``, ``GLOO_*``, ``TORCH_*``, ``HOROVOD_*``,
   ``RINGTRAIN_*``; set anything else in the hosts' login environment. The first host is
   the master: the other nodes reach it by its name as listed (so it cannot be
-  ``localhost`` when other hosts are remote), or by ``--master-addr``; the port is
-  ``--master-port`` (default 29500), open between the hosts. ``--gpus``,
+  ``localhost`` when other hosts are other machines), or by ``--master-addr``; the port is
+  ``--master-port`` (default 29500, or a free one when every host is this machine), open
+  between the hosts. ``--gpus``,
   ``--max-restarts``, ``--timeout`` and ``--log-dir`` apply to every node.
 
 Restarts and resuming
@@ -300,6 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "others over ssh).")
     horovod.add_argument("--hostfile", default=None, metavar="FILE",
                          help="like -H, from a file of `host slots=N` lines.")
+    horovod.add_argument("--ssh-port", "--ssh_port", dest="ssh_port", type=int, default=None, metavar="PORT",
+                         help="the port of the hosts' sshd, for hosts started over ssh (ssh -p). Default: ssh's.")
+    horovod.add_argument("--ssh-identity-file", "--ssh_identity_file", dest="ssh_identity_file", default=None,
+                         metavar="FILE", help="the private key for hosts started over ssh (ssh -i). Default: ssh's.")
     parser.add_argument("-m", "--module", action="store_true", help="the target is a module name, run like `python -m`.")
     parser.add_argument("script", metavar="script.py", help="the training script (or module, with -m).")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)

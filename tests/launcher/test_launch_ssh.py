@@ -1,0 +1,251 @@
+"""Remote hosts for real: a real sshd on 127.0.0.2, a key made here, and jobs whose node 1 starts over ssh.
+
+Seed 001 runs ``horovodrun -np 2 -H ip1:1,ip2:1 python train.py``. Here ip1 is 127.0.0.1 (this
+machine, started directly) and ip2 is 127.0.0.2, which ringtrain, like horovodrun, treats as
+another host: node 1's agent is started by the ssh client, logs in to an OpenSSH server the
+test runs on 127.0.0.2 (port and key given with --ssh-port/--ssh-identity-file), and the two
+nodes train together. Every job must end with the parameters one process reaches on the
+whole batch, computed here with plain torch.
+
+The only thing the test adds to ssh is trust in the host key it made: an ``ssh`` first on
+PATH runs the real /usr/bin/ssh with ``-F`` pointing at a config holding that key as the
+only known host (StrictHostKeyChecking yes), so nothing in ~/.ssh is read or written.
+
+Needs root (sshd's privilege separation), OpenSSH's sshd/ssh/ssh-keygen and a 127.0.0.2 that
+can be bound (Linux); otherwise the tests skip and say why. `make test-hosts` installs
+openssh-server and runs them. Everything listens on loopback only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _launch_util import child_env, free_port, outputs, ringtrain_cmd, write
+
+pytestmark = pytest.mark.timeout(150)
+
+SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
+REMOTE = "127.0.0.2"
+STEPS, BATCH, LR = 3, 16, 0.1  # optimizer steps of BATCH samples in all, over every rank
+
+# The data and model, the same in the jobs and in the one-process reference below.
+DATA = r"""
+import torch
+def make_data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(48, 5, generator=g)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0], [0.0]]) + 0.1 * torch.randn(48, 1, generator=g)
+    return x, y
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(5, 1)
+"""
+
+# A Horovod script as the tutorials write it (seed 001's steps): init, DistributedSampler, wrap, broadcast.
+HOROVOD_SCRIPT = DATA + r"""
+import sys
+import horovod.torch as hvd
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+hvd.init()
+torch.set_num_threads(1)
+x, y = make_data()
+ds = TensorDataset(x, y)
+sampler = DistributedSampler(ds, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False)
+loader = DataLoader(ds, batch_size=%(batch)d // hvd.size(), sampler=sampler)
+model = make_model()
+optimizer = torch.optim.SGD(model.parameters(), lr=%(lr)r)
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+for step, (xb, yb) in zip(range(%(steps)d), loader):
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(xb), yb).backward()
+    optimizer.step()
+params = ",".join(f"{v:.9e}" for v in torch.cat([p.detach().flatten() for p in model.parameters()]).tolist())
+sys.stdout.write(f"RESULT rank={hvd.rank()} size={hvd.size()} cross_size={hvd.cross_size()} params={params}\n")
+""" % {"batch": BATCH, "lr": LR, "steps": STEPS}
+
+# The same training through rt.Ring, for `ringtrain run --nnodes 2` with node 1 started over ssh.
+RING_SCRIPT = DATA + r"""
+import sys
+import ringtrain as rt
+from torch.utils.data import TensorDataset
+
+ring = rt.Ring(device="cpu")
+torch.set_num_threads(1)
+x, y = make_data()
+model = make_model()
+model, optimizer = ring.setup(model, torch.optim.SGD(model.parameters(), lr=%(lr)r))
+loader = ring.loader(TensorDataset(x, y), batch_size=%(batch)d // ring.world_size)
+for step, (xb, yb) in zip(range(%(steps)d), loader):
+    ring.backward(torch.nn.functional.mse_loss(model(xb), yb))
+    optimizer.step()
+    optimizer.zero_grad()
+params = ",".join(f"{v:.9e}" for v in torch.cat([p.detach().flatten() for p in model.parameters()]).tolist())
+sys.stdout.write(f"RESULT rank={ring.rank} size={ring.world_size} node={ring.node_rank} params={params}\n")
+""" % {"batch": BATCH, "lr": LR, "steps": STEPS}
+
+
+def one_process_parameters() -> list:
+    """Plain torch, one process, the whole batch per step: what every job must reach."""
+    scope: dict = {}
+    exec(DATA, scope)  # noqa: S102 - the test's own source text
+    x, y = scope["make_data"]()
+    model = scope["make_model"]()
+    optimizer = __import__("torch").optim.SGD(model.parameters(), lr=LR)
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        xb, yb = x[step * BATCH:(step + 1) * BATCH], y[step * BATCH:(step + 1) * BATCH]
+        __import__("torch").nn.functional.mse_loss(model(xb), yb).backward()
+        optimizer.step()
+    return [v for p in model.parameters() for v in p.detach().flatten().tolist()]
+
+
+def _why_not() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return "needs Linux (127.0.0.2 answers on the loopback interface only there)"
+    if os.geteuid() != 0:
+        return "sshd for the test must run as root (privilege separation); run `sudo make test-hosts`"
+    missing = [tool for tool, path in (("sshd", SSHD), ("ssh", shutil.which("ssh")),
+                                       ("ssh-keygen", shutil.which("ssh-keygen"))) if not path]
+    if missing:
+        return f"OpenSSH's {', '.join(missing)} not installed: `make test-hosts` installs openssh-server and runs this"
+    try:
+        socket.create_server((REMOTE, 0)).close()
+    except OSError as e:
+        return f"cannot listen on {REMOTE}: {e}"
+    return None
+
+
+def _port_on(address: str) -> int:
+    with socket.create_server((address, 0)) as s:
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """An sshd on 127.0.0.2 that accepts one key, which only this test has; stopped at the end."""
+    why = _why_not()
+    if why:
+        pytest.skip(why)
+    d = tmp_path_factory.mktemp("ssh")
+    for name in ("host_key", "id_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"ringtrain-test-{name}",
+                        "-f", str(d / name)], check=True, timeout=30)
+    shutil.copy(d / "id_key.pub", d / "authorized_keys")
+    os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory (Debian's service makes it)
+    port = _port_on(REMOTE)
+    log = open(d / "sshd.log", "w")
+    proc = subprocess.Popen(
+        [SSHD, "-D", "-e", "-f", "/dev/null", "-p", str(port), "-h", str(d / "host_key"),
+         "-o", f"ListenAddress={REMOTE}", "-o", f"AuthorizedKeysFile={d / 'authorized_keys'}",
+         "-o", "StrictModes=no",  # the key lies in a temporary folder, not a 0700 ~/.ssh
+         "-o", "PasswordAuthentication=no", "-o", "KbdInteractiveAuthentication=no", "-o", "UsePAM=no",
+         "-o", "PermitRootLogin=prohibit-password", "-o", "PidFile=none"],
+        stdout=log, stderr=subprocess.STDOUT)
+    (d / "known_hosts").write_text(f"[{REMOTE}]:{port} {(d / 'host_key.pub').read_text()}")
+    (d / "ssh_config").write_text(f"UserKnownHostsFile {d / 'known_hosts'}\nGlobalKnownHostsFile /dev/null\n"
+                                  "StrictHostKeyChecking yes\nIdentitiesOnly yes\n")
+    shim = write(d / "bin" / "ssh", f"#!/bin/sh\nexec {shutil.which('ssh')} -F {d / 'ssh_config'} \"$@\"\n")
+    shim.chmod(0o755)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection((REMOTE, port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.skip(f"sshd did not start: {(d / 'sshd.log').read_text()[-1000:]}")
+                time.sleep(0.1)
+        yield {"dir": d, "port": port, "key": str(d / "id_key"), "path": f"{d / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _rows(stdout: str) -> list:
+    # Node 1's lines come through ssh's terminal: "\r\n" line ends.
+    rows = [dict(kv.split("=", 1) for kv in line.strip().split()[1:])
+            for line in stdout.splitlines() if line.strip().startswith("RESULT ")]
+    return sorted(rows, key=lambda r: int(r["rank"]))
+
+
+def _assert_one_process_parameters(rows: list, report: str) -> None:
+    expected = one_process_parameters()
+    assert [r["rank"] for r in rows] == ["0", "1"], report
+    for r in rows:
+        got = [float(v) for v in r["params"].split(",")]
+        assert got == pytest.approx(expected, rel=1e-5, abs=1e-6), report
+
+
+def _job(sshd, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = child_env(PATH=sshd["path"])
+    env = {k: v for k, v in env.items() if not k.startswith("HOROVOD_")}
+    return subprocess.run(ringtrain_cmd("run", *args), capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
+
+
+def test_horovodrun_hosts_with_a_node_over_ssh(sshd, tmp_path):
+    script = write(tmp_path / "train.py", HOROVOD_SCRIPT)
+    proc = _job(sshd, "--horovod", "-np", "2", "-H", f"127.0.0.1:1,{REMOTE}:1", "--ssh-port", str(sshd["port"]),
+                "--ssh-identity-file", sshd["key"], "python", str(script), cwd=tmp_path)
+    assert proc.returncode == 0, outputs(proc)
+    rows = _rows(proc.stdout)
+    assert all(r["size"] == "2" and r["cross_size"] == "2" for r in rows), outputs(proc)  # two nodes of one
+    _assert_one_process_parameters(rows, outputs(proc))
+    log = (sshd["dir"] / "sshd.log").read_text()
+    assert re.search(r"Accepted publickey for \S+ from 127\.0\.0\.1", log), log  # node 1 really came through sshd
+
+
+def test_hostfile_with_a_node_over_ssh(sshd, tmp_path):
+    script = write(tmp_path / "train.py", HOROVOD_SCRIPT)
+    hostfile = write(tmp_path / "hosts", f"# seed 001's two machines, on one\n127.0.0.1 slots=1\n{REMOTE} slots=1\n")
+    proc = _job(sshd, "--horovod", "--hostfile", str(hostfile), "--ssh_port", str(sshd["port"]),
+                "--ssh_identity_file", sshd["key"], str(script), cwd=tmp_path)
+    assert proc.returncode == 0, outputs(proc)
+    _assert_one_process_parameters(_rows(proc.stdout), outputs(proc))
+
+
+def test_nnodes_with_node_1_started_over_ssh(sshd, tmp_path):
+    # The torchrun form: the same `ringtrain run --nnodes 2` on each node, node 1's typed in an ssh session.
+    script = write(tmp_path / "train.py", RING_SCRIPT)
+    port = free_port()
+    env = child_env(PATH=sshd["path"])
+
+    def node(rank: int) -> list:
+        return [sys.executable, "-m", "ringtrain", "run", "--nnodes", "2", "--node-rank", str(rank),
+                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                "--timeout", "60", str(script)]
+
+    remote = " ".join(["cd", str(tmp_path), "&&", "exec", "env", f"PYTHONPATH={env['PYTHONPATH']}",
+                       "OMP_NUM_THREADS=1", *node(1)])
+    ssh = ["ssh", "-o", "BatchMode=yes", "-tt", "-p", str(sshd["port"]), "-i", sshd["key"], REMOTE, remote]
+    node0 = subprocess.Popen(node(0), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    node1 = subprocess.Popen(ssh, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env, cwd=tmp_path)
+    try:
+        out1, err1 = node1.communicate(timeout=120)
+        out0, err0 = node0.communicate(timeout=60)
+    finally:
+        for proc in (node0, node1):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    report = f"--- node 0 ({node0.returncode})\n{out0}\n{err0}\n--- node 1 over ssh ({node1.returncode})\n{out1}\n{err1}"
+    assert node0.returncode == 0 and node1.returncode == 0, report
+    rows = _rows(out0 + out1)
+    assert [(r["size"], r["node"]) for r in rows] == [("2", "0"), ("2", "1")], report
+    _assert_one_process_parameters(rows, report)
