@@ -16,6 +16,14 @@ emptying it, before it writes, and the agent, which stops every other worker as 
 one fails and then parses their files, died with ``JSONDecodeError`` on a file a stopped
 worker had left empty.
 
+A failed rank leaves no processes behind either. torchrun starts each worker in a session
+of its own and, when a job fails, stops the workers *still running* with ``killpg``, which
+takes along what they started (a data helper, a ``subprocess.Popen``). A worker that ended
+by itself is skipped, so its children lived on, holding the launcher's stdout and stderr
+(a caller reading them waited for the orphan: a CI job timed out that way) and often a GPU.
+``stop_own_processes`` (a failing worker, on its way out) and ``stop_leftover_groups``
+(the launcher, for workers killed by a signal) close that gap.
+
 Torch-free on purpose: the launcher's worker entry uses it before (or without) torch.
 """
 
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -58,3 +67,75 @@ def info_of(message: Any) -> dict[str, Any] | None:
 def describe_blame(blame: dict[str, Any]) -> str:
     """``rank 1 finished (process exit)`` / ``rank 1 failed (ValueError: boom)``."""
     return f"rank {blame.get('rank')} {blame.get('state', 'left')} ({blame.get('reason', 'no reason given')})"
+
+
+def stop_own_processes() -> list[int]:
+    """A failing torchrun worker: SIGTERM the processes it started (its process group), not itself.
+
+    Only a worker that torchrun's agent started (``TORCHELASTIC_RUN_ID`` set) and that leads
+    its own process group: ``python train.py`` typed in a shell also leads a group (job
+    control), and there the group holds the user's ``| tee log`` too. The members are found
+    in ``/proc`` (Linux) and signalled one by one, so this works from any thread (the
+    liveness watchdog stops a rank from its own thread) and never signals this process.
+    Returns the pids signalled.
+    """
+    me = os.getpid()
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not hasattr(os, "getpgrp") or os.getpgrp() != me:
+        return []
+    signalled = []
+    for pid in _group_members(me):
+        if pid != me:
+            try:
+                os.kill(pid, signal.SIGTERM)
+                signalled.append(pid)
+            except OSError:
+                pass  # already gone
+    return signalled
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The pids whose process group is ``pgid``, read from /proc (empty where there is no /proc)."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return members
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # ended meanwhile
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so split after its last ')'
+        fields = stat[stat.rindex(b")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
+def stop_leftover_groups(pids) -> list[int]:
+    """SIGKILL the process groups whose leader (a dead worker, ``pid``) is gone but members live on.
+
+    A pid is not given to a new process while a process group of that number exists, so a
+    group found under the number of a process that no longer exists is the dead worker's.
+    Returns the group ids that were signalled.
+    """
+    stopped = []
+    for pid in pids:
+        if not pid or pid <= 0 or not hasattr(os, "killpg"):
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # the process exists: the agent's own stop (killpg while it runs) covers it
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        try:
+            os.killpg(pid, signal.SIGKILL)
+            stopped.append(pid)
+        except OSError:
+            pass  # no such group: nothing was left behind
+    return stopped

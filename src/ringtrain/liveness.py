@@ -291,6 +291,7 @@ class Watchdog(threading.Thread):
         failures.write_error_file(self.error_file, message.removeprefix("ringtrain: "), "", info)
         with contextlib.suppress(Exception):
             sys.stdout.flush()
+        failures.stop_own_processes()
         os._exit(STOPPED_EXIT_CODE)
 
 

@@ -313,3 +313,37 @@ def test_manual_states_the_security_and_elastic_rules(capsys):
     assert "no authentication" in manual and "trusted network" in manual
     assert "127.0.0.1" in manual and "GLOO_SOCKET_IFNAME" in manual
     assert "world size changes" in manual  # what a restart with a different world size keeps
+
+
+STARTS_A_HELPER_THEN_FAILS = """
+    import os, signal, subprocess, sys, time
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    # A helper the script starts itself (a data server, a logger): it holds the launcher's
+    # stdout and stderr, so while it lives a caller reading them waits.
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", here])
+    open(os.path.join(here, f"{os.environ['RANK']}.started"), "w").close()
+    if os.environ["RANK"] == "1":
+        while not os.path.exists(os.path.join(here, "0.started")):
+            time.sleep(0.05)
+        if sys.argv[1] == "raise":
+            raise ValueError("boom from rank one")
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["raise", "sigkill"])
+def test_what_a_failed_worker_started_ends_with_the_job(tmp_path, how):
+    # Found by CI: a worker that ended by itself was not stopped by torchrun's agent, so the
+    # helper it had started lived on with the launcher's pipes, and the caller waited for it.
+    marker = f"ringtrain_helper_marker_{time.time_ns()}"
+    script = write(tmp_path / marker / "train.py", STARTS_A_HELPER_THEN_FAILS)
+    start = time.monotonic()
+    proc = run_ringtrain("run", "--nproc-per-node", "2", str(script), how, timeout=60)  # reads both pipes to EOF
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1, outputs(proc)
+    assert elapsed < 30, outputs(proc)
+    assert "ringtrain run: worker rank 1 failed first" in proc.stderr, outputs(proc)
+    _wait_for(lambda: _leftovers(marker) == "", 10, f"processes to end:\n{_leftovers(marker)}")

@@ -185,7 +185,9 @@ Failure modes
 
 1. A worker raises an exception or exits non-zero: the agent stops every worker on its
    node, ringtrain prints which rank failed first (global and local rank, host, exit
-   code or signal) with its traceback, and exits 1. Workers on other nodes find their
+   code or signal) with its traceback, and exits 1. The processes a failed worker started
+   itself (its process group) are stopped too, whether the worker ended by itself or was
+   killed by a signal, so none holds the launcher's output open. Workers on other nodes find their
    peers gone; their next collective fails and their nodes exit too. With
    ``--max-restarts K`` the node's workers are restarted up to K times first (your
    script must resume from its checkpoint).
@@ -205,8 +207,6 @@ Failure modes
 7. Ctrl-C or SIGTERM to ``ringtrain run``: forwarded to the workers, which are stopped;
    exit code 128 + the signal number. With a host list, forwarded to every node's agent
    (remote ones through their ssh connection).
-10. With a host list, a node that fails (or an ssh that cannot log in: exit 255, with a
-    HINT) makes ``ringtrain run`` stop the other nodes and exit with that node's code.
 8. ``ringtrain run`` itself killed (``kill -9``, the OOM killer): on Linux its workers
    are killed with it (``PR_SET_PDEATHSIG``), so none is left holding a GPU or waiting in
    a collective. Processes the workers started themselves get no such signal.
@@ -215,6 +215,8 @@ Failure modes
    collective some ranks never call) is not a launcher failure: the process group's own
    timeout applies (``init_process_group(timeout=...)`` or ``Ring(timeout=...)``; by
    default 10 minutes for NCCL, 30 for Gloo).
+10. With a host list, a node that fails (or an ssh that cannot log in: exit 255, with a
+    HINT) makes ``ringtrain run`` stop the other nodes and exit with that node's code.
 
 Exit codes: 0 success, 1 a worker or the rendezvous failed, 2 wrong arguments,
 128+N stopped by signal N.
@@ -555,6 +557,7 @@ def execute(plan: Plan) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
 
+    from ..failures import stop_leftover_groups
     from . import rendezvous
     from .ports import host_store, is_loopback, keep_gloo_on_loopback
     from .report import format_child_failure
@@ -587,6 +590,8 @@ def execute(plan: Plan) -> int:
         # run(), not main(): main's @record would print torchelastic's own failure summary.
         torchrun.run(args)
     except ChildFailedError as e:
+        # A worker killed by a signal had no say: what it started may live on (failures.py).
+        stop_leftover_groups(failure.pid for failure in e.failures.values())
         print(format_child_failure(e, plan.node_rank), file=sys.stderr)
         return 1
     except SignalException as e:

@@ -205,6 +205,10 @@ def finish(status: int, reason: str, error: BaseException | None) -> None:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
+    if status != 0:
+        from ringtrain import failures
+
+        failures.stop_own_processes()  # what the script started goes with it (failures.py says why)
     os._exit(status)
 
 
