@@ -72,6 +72,8 @@ def run(launcher: str, api: str, mode: str, *, timeout: float = 150, src: str | 
         outputs.append(out)
         codes.append(proc.returncode)
     ended = time.time()
+    if launcher == "srun":
+        outputs.extend(_srun_says(codes))
     output = "\n".join(outputs)
     leftovers = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout.strip()
     if leftovers:
@@ -93,6 +95,17 @@ def _srun(api: str, mode: str, marker: str, env: dict) -> list[subprocess.Popen]
         procs.append(subprocess.Popen([sys.executable, str(JOBS), api, mode, marker], stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, env=task))
     return procs
+
+
+def _srun_says(codes: list[int]) -> list[str]:
+    """The lines srun itself prints for tasks that ended badly (``srun: error: HOST: task N: ...``)."""
+    lines = []
+    for task, code in enumerate(codes):
+        if code > 0:
+            lines.append(f"srun: error: localhost: task {task}: Exited with exit code {code}")
+        elif code < 0:
+            lines.append(f"srun: error: localhost: task {task}: {'Killed' if code == -9 else f'signal {-code}'}")
+    return lines
 
 
 def expected_text(mode: str) -> str:

@@ -64,6 +64,32 @@ def test_an_engine_error_about_a_lost_connection_is_not_the_rank_s_own_fault():
     assert liveness.post_failure(b0, "ValueError", error)["cause"] == "peer"
 
 
+def test_a_lost_connection_names_the_neighbour_that_vanished_and_waits_only_that_long():
+    # srun or plain torchrun: nobody reads the board but the rank itself, which must say who it was.
+    lost = RuntimeError("[pair.cc:537] Read error [127.0.0.1]:15744: Connection reset by peer")
+    b0, b1 = boards()
+    b0.hello()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    b1.store.set("hello/1", f'{{"pid": {child.pid}, "host": "{liveness.host_identity()}"}}')
+    entry = liveness.post_failure(b0, "RuntimeError: Read error", lost)
+    assert entry["cause"] == "peer"
+    assert entry["blame"] == liveness.vanished_blame(1)
+    # Nobody to name (the peer lives on and posted nothing): a bounded look, then "peer", unnamed.
+    b0, b1 = boards()
+    b0.hello()
+    b1.hello()  # this very process: alive
+    start = time.monotonic()
+    entry = liveness.post_failure(b0, "RuntimeError: Read error", lost)
+    assert entry["cause"] == "peer" and entry["blame"] is None
+    assert time.monotonic() - start < liveness.LOST_PEER_WAIT_S + 1.0
+    # An error of its own waits for nothing.
+    b0, _ = boards()
+    start = time.monotonic()
+    assert liveness.post_failure(b0, "ValueError: bug", ValueError("a bug of its own"))["cause"] == "own"
+    assert time.monotonic() - start < 0.5
+
+
 # --- the watchdog's verdicts ------------------------------------------------------------
 
 def watchdog(board: liveness.Board, **kwargs) -> liveness.Watchdog:

@@ -54,6 +54,7 @@ POLL_S = 0.5  # how often the watchdog reads the board
 GRACE_S = 3.0  # how long a rank may sit in a collective after a peer finished before it is stopped
 EXIT_BOUND_S = 10.0  # the most an exit path may take once the process has decided to leave
 STOPPED_EXIT_CODE = 1
+LOST_PEER_WAIT_S = 1.0  # how long a rank whose peer's connection closed looks for who it was
 
 _COLLECTIVE_FILES = (
     f"{os.sep}torch{os.sep}distributed{os.sep}",
@@ -145,6 +146,22 @@ class Board:
             return {r: json.loads(v) for r, v in zip(ranks, values)}
         except (RuntimeError, OSError, ValueError):
             return {}
+
+    def neighbours(self) -> dict[int, int] | None:
+        """Same-host peers that said hello: rank -> pid (None until every rank has said hello)."""
+        hellos = self.hellos()
+        if not hellos:
+            return None
+        mine = hellos.get(self.rank, {}).get("host")
+        return {r: h["pid"] for r, h in hellos.items() if r != self.rank and h["host"] == mine}
+
+    def vanished(self, neighbours: dict[int, int]) -> int | None:
+        """A same-host peer whose process is gone without a post (killed by a signal), if any."""
+        for rank, pid in neighbours.items():
+            # A rank that posted and then exited is not news; one that vanished is.
+            if pid_gone(pid) and self.read().get(rank) is None:
+                return rank
+        return None
 
     def first_peer_post(self) -> dict[str, Any] | None:
         """The earliest post of another rank that stopped for a reason of its own, else the earliest."""
@@ -245,8 +262,7 @@ class Watchdog(threading.Thread):
                 self._finished = self._finished or blame_of(entry)
         gone = self._dead_neighbour()
         if gone is not None:
-            return self._verdict({"rank": gone, "state": "failed",
-                                  "reason": "its process ended without a word (killed by a signal?)"}, None)
+            return self._verdict(vanished_blame(gone), None)
         if self._finished is None:
             return None
         during = collective_in_progress(self.backward_syncs)
@@ -262,18 +278,10 @@ class Watchdog(threading.Thread):
 
     def _dead_neighbour(self) -> int | None:
         if self._neighbours is None:
-            hellos = self.board.hellos()
-            if not hellos:
+            self._neighbours = self.board.neighbours()
+            if self._neighbours is None:
                 return None
-            mine = hellos.get(self.board.rank, {}).get("host")
-            self._neighbours = {r: h["pid"] for r, h in hellos.items() if r != self.board.rank and h["host"] == mine}
-        for rank, pid in self._neighbours.items():
-            if pid_gone(pid):
-                # A rank that posted and then exited is not news; one that vanished is.
-                post = self.board.read().get(rank)
-                if post is None:
-                    return rank
-        return None
+        return self.board.vanished(self._neighbours)
 
     def _verdict(self, blame: dict[str, Any], during: str | None) -> tuple[str, dict[str, Any]]:
         me = self.board.rank
@@ -334,7 +342,11 @@ class Membership:
     def _excepthook(self, kind: type, value: BaseException, tb: Any) -> None:
         (self._previous_hook or sys.__excepthook__)(kind, value, tb)
         if ACTIVE is self and not self._left and not issubclass(kind, KeyboardInterrupt):
-            self.fail(format_exception_line(value), value)
+            entry = self.fail(format_exception_line(value), value)
+            if entry.get("blame"):
+                # Under srun or plain torchrun nobody else reads the board: say here who caused it.
+                print(f"ringtrain: rank {self.board.rank} stopped because {failures.describe_blame(entry['blame'])}; "
+                      "the job cannot go on without it.", file=sys.stderr, flush=True)
             bound_exit()  # the atexit handlers and finalization that follow may not wait on peers
 
     def fail(self, reason: str, error: BaseException | None = None) -> dict[str, Any]:
@@ -376,11 +388,39 @@ LAST: Membership | None = None  # the membership this process had most recently 
 
 def post_failure(board: Board, reason: str, error: BaseException | None = None) -> dict[str, Any]:
     """Post ``reason`` as this rank's failure: caused by a peer when a peer had posted first, or when
-    the engine says a peer went away (its connection closed) though the peer posted nothing."""
+    the engine says a peer went away (its connection closed); then the peer is named if it can be."""
     first = board.first_peer_post()
+    if first is None and lost_a_peer(error):
+        first = _find_lost_peer(board)
     if first is not None:
         return board.post("failed", reason, cause="peer", blame=first.get("blame") or blame_of(first))
     return board.post("failed", reason, cause="peer" if lost_a_peer(error) else "own")
+
+
+def vanished_blame(rank: int) -> dict[str, Any]:
+    return {"rank": rank, "state": "failed", "reason": "its process ended without a word (killed by a signal?)"}
+
+
+def _find_lost_peer(board: Board, wait_s: float = LOST_PEER_WAIT_S) -> dict[str, Any] | None:
+    """The peer whose connection closed: its post, or a same-host peer whose process is gone.
+
+    The engine reports a closed connection as soon as the peer's sockets close, which can come
+    a moment before the peer's post lands (or before its process is reaped): look a few times,
+    for at most ``wait_s``. Only this failure path waits, never a healthy rank.
+    """
+    deadline = time.monotonic() + wait_s
+    neighbours = None
+    while True:
+        first = board.first_peer_post()
+        if first is not None:
+            return first
+        neighbours = neighbours if neighbours is not None else board.neighbours()
+        gone = board.vanished(neighbours) if neighbours else None
+        if gone is not None:
+            return {"rank": gone, "blame": vanished_blame(gone)}
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
 
 
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
