@@ -48,6 +48,28 @@ def _rank0_done(start: float) -> bool:
     return False
 
 
+def _train(rank: int, mode: str, model, optimizer) -> str:
+    """The loop of the scripts that train by hand (hvd, plain): rank 1 leaves at FAULT_STEP."""
+    import torch
+    import torch.nn.functional as F
+
+    x, y = torch.randn(16, 8), torch.randint(0, 2, (16,))
+    start = time.monotonic()
+    for step in range(100_000):
+        if rank == 1 and step == FAULT_STEP:
+            if mode == "return":
+                print(f"FAULT rank=1 t={time.time():.3f} mode=return", flush=True)
+                return "rank 1 finished early"
+            _fault(mode, "in the training loop")
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        if rank == 0 and _rank0_done(start):
+            return "rank 0 was never stopped"
+        time.sleep(0.02)
+    return "unreachable"
+
+
 def ring_job(mode: str, strategy: str = "ddp") -> str:
     import torch
     import torch.nn.functional as F
@@ -89,7 +111,6 @@ def ring_job(mode: str, strategy: str = "ddp") -> str:
 
 def hvd_job(mode: str) -> str:
     import torch
-    import torch.nn.functional as F
 
     try:
         import horovod.torch as hvd  # ringtrain run --horovod: ringtrain's alias package
@@ -101,48 +122,20 @@ def hvd_job(mode: str) -> str:
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                          named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    x, y = torch.randn(16, 8), torch.randint(0, 2, (16,))
-    start = time.monotonic()
-    for step in range(100_000):
-        if hvd.rank() == 1 and step == FAULT_STEP:
-            if mode == "return":  # MONAI's tutorial: one rank finds no data and finishes at once
-                print(f"FAULT rank=1 t={time.time():.3f} mode=return", flush=True)
-                return "rank 1 finished early"
-            _fault(mode, "in the training loop")
-        optimizer.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        optimizer.step()
-        if hvd.rank() == 0 and _rank0_done(start):
-            return "rank 0 was never stopped"
-        time.sleep(0.02)
-    return "unreachable"
+    # "return" is MONAI's tutorial: one rank finds no data and finishes at once.
+    return _train(hvd.rank(), mode, model, optimizer)
 
 
 def plain_job(mode: str) -> str:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     model = DDP(torch.nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(16, 8), torch.randint(0, 2, (16,))
-    start = time.monotonic()
-    for step in range(100_000):
-        if rank == 1 and step == FAULT_STEP:
-            if mode == "return":
-                print(f"FAULT rank=1 t={time.time():.3f} mode=return", flush=True)
-                return "rank 1 finished early"
-            _fault(mode, "in the training loop")
-        optimizer.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        optimizer.step()
-        if rank == 0 and _rank0_done(start):
-            return "rank 0 was never stopped"
-        time.sleep(0.02)
-    return "unreachable"
+    return _train(rank, mode, model, optimizer)
 
 
 def job(api: str, mode: str) -> str:

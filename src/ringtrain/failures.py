@@ -29,6 +29,7 @@ Torch-free on purpose: the launcher's worker entry uses it before (or without) t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -85,34 +86,30 @@ def stop_own_processes() -> list[int]:
     signalled = []
     for pid in _group_members(me):
         if pid != me:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # already gone
                 os.kill(pid, signal.SIGTERM)
                 signalled.append(pid)
-            except OSError:
-                pass  # already gone
     return signalled
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state, ppid, pgrp, ...); None when
+    there is no such process or no /proc. The name may hold spaces and parentheses: split after its last ')'."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(b")") + 2:].decode(errors="replace").split()
 
 
 def _group_members(pgid: int) -> list[int]:
     """The pids whose process group is ``pgid``, read from /proc (empty where there is no /proc)."""
-    members = []
     try:
-        entries = os.listdir("/proc")
+        entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
     except OSError:
-        return members
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue  # ended meanwhile
-        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so split after its last ')'
-        fields = stat[stat.rindex(b")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
+        return []
+    return [pid for pid in entries if (fields := proc_stat(pid)) is not None and int(fields[2]) == pgid]
 
 
 def stop_leftover_groups(pids) -> list[int]:
@@ -120,22 +117,25 @@ def stop_leftover_groups(pids) -> list[int]:
 
     A pid is not given to a new process while a process group of that number exists, so a
     group found under the number of a process that no longer exists is the dead worker's.
+    A live leader is left to the agent's own stop (``killpg`` while it runs).
     Returns the group ids that were signalled.
     """
     stopped = []
     for pid in pids:
-        if not pid or pid <= 0 or not hasattr(os, "killpg"):
+        if not pid or pid <= 0 or not hasattr(os, "killpg") or process_exists(pid):
             continue
-        try:
-            os.kill(pid, 0)
-            continue  # the process exists: the agent's own stop (killpg while it runs) covers it
-        except ProcessLookupError:
-            pass
-        except OSError:
-            continue
-        try:
+        with contextlib.suppress(ProcessLookupError):  # no such group: nothing was left behind
             os.killpg(pid, signal.SIGKILL)
             stopped.append(pid)
-        except OSError:
-            pass  # no such group: nothing was left behind
     return stopped
+
+
+def process_exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists here (a zombie counts), whoever owns it."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's
+    return True

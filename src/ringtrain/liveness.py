@@ -76,17 +76,10 @@ def host_identity() -> str:
 
 def pid_gone(pid: int) -> bool:
     """True when ``pid`` no longer runs here (gone, or a zombie its parent has not reaped yet)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not failures.process_exists(pid):
         return True
-    except PermissionError:
-        return False  # exists, owned by someone else
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return False
+    fields = failures.proc_stat(pid)
+    return fields is not None and fields[0] in ("Z", "X")
 
 
 class Board:
@@ -157,11 +150,11 @@ class Board:
 
     def vanished(self, neighbours: dict[int, int]) -> int | None:
         """A same-host peer whose process is gone without a post (killed by a signal), if any."""
-        for rank, pid in neighbours.items():
-            # A rank that posted and then exited is not news; one that vanished is.
-            if pid_gone(pid) and self.read().get(rank) is None:
-                return rank
-        return None
+        gone = [rank for rank, pid in neighbours.items() if pid_gone(pid)]
+        if not gone:
+            return None
+        posts = self.read()  # a rank that posted and then exited is not news; one that vanished is
+        return next((rank for rank in gone if rank not in posts), None)
 
     def first_peer_post(self) -> dict[str, Any] | None:
         """The earliest post of another rank that stopped for a reason of its own, else the earliest."""

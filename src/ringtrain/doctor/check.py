@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import io
 import re
 import tokenize
@@ -19,15 +20,15 @@ def ignore_comments(source: str) -> dict[int, set[str]]:
     """Line -> rule ids ignored there (``*`` for a bare ``# ringtrain: ignore``). Read from
     the tokens, so the text inside a string is not a comment."""
     found: dict[int, set[str]] = {}
-    try:
+    # The source parsed with ast, so a tokenize error is an edge of tokenize: the comments read
+    # up to it are honoured, the rest are not.
+    with contextlib.suppress(tokenize.TokenError, SyntaxError):
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
             if tok.type == tokenize.COMMENT:
                 match = _IGNORE.search(tok.string)
                 if match:
                     ids = {r.strip() for r in match.group(1).split(",")} if match.group(1) is not None else {ALL}
                     found.setdefault(tok.start[0], set()).update(ids - {""})
-    except (tokenize.TokenError, SyntaxError):
-        pass  # the source parsed with ast, so this is an edge of tokenize; comments are then not honoured
     return found
 
 
