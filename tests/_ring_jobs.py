@@ -225,7 +225,7 @@ def nan_on_rank(bad_rank: int, nonfinite: str, steps: int = 4) -> tuple:
         return ("error", str(e))
     finally:
         ring.close()
-    return flat_params(model), ring.optimizer_steps, ring.accumulator.skipped_steps
+    return flat_params(model), ring.optimizer_steps, ring.step_state.skipped_steps
 
 
 def periodic(folder: str, epochs: int, stop_at_step: int | None = None, save_every: int = 2) -> tuple:

@@ -25,6 +25,7 @@ import json
 import os
 import random
 import re
+import shutil
 import tempfile
 import warnings
 from collections import OrderedDict
@@ -197,11 +198,14 @@ def load_model_state(model: torch.nn.Module, state_dict: Mapping[str, Any], path
     model.load_state_dict(state_dict)
 
 
-_STEP_FILE = re.compile(r"step-(\d{9,})\.pt")  # CheckpointDir.path_for's names
+_STEP_FILE = re.compile(r"step-(\d{9,})(?:\.pt)?")  # CheckpointDir.path_for's names: files, or sharded folders
 # The temporaries ringtrain itself names in a checkpoint folder: atomic_save's and the
-# manifest's ".<final name>.<mkstemp's [a-z0-9_] characters>.tmp", and check_writable's
-# probe. A file of that shape was never renamed to its final name, so it never counted.
+# manifest's files ".<final name>.<mkstemp's [a-z0-9_] characters>.tmp", and check_writable's
+# probe; a sharded save's staging folder ".step-<n>.<mkdtemp's 8 characters>.tmp" (and ".old",
+# an older folder on its way out). One of that shape was never renamed to its final name, so it
+# never counted. Each is ours only as the kind it is made as (a file, or a folder).
 _OWN_TEMPORARY = re.compile(r"\.(?:step-\d{9,}\.pt|manifest\.json|ringtrain-write-check)\.[a-z0-9_]+\.tmp")
+_OWN_STAGING = re.compile(r"\.step-\d{9,}\.[a-z0-9_]{8}\.tmp(?:\.old)?")
 _MANIFEST_HINT = (
     "manifest entries are plain file names in the checkpoint folder (e.g. step-000000012.pt), and only ringtrain "
     "writes the manifest: check who else can write there, then fix manifest.json or delete it (ringtrain "
@@ -210,8 +214,8 @@ _MANIFEST_HINT = (
 
 
 def _plain_file(path: str) -> bool:
-    """A regular file and not a link (a link is never ours to follow or delete when unlisted)."""
-    return os.path.isfile(path) and not os.path.islink(path)
+    """A regular file or folder, and not a link (a link is never ours to follow or delete when unlisted)."""
+    return (os.path.isfile(path) or os.path.isdir(path)) and not os.path.islink(path)
 
 
 class CheckpointDir:
@@ -268,8 +272,10 @@ class CheckpointDir:
         names = sorted(os.listdir(self.folder))
         for name in names:
             path = os.path.join(self.folder, name)
-            if _OWN_TEMPORARY.fullmatch(name) and _plain_file(path):
+            if _OWN_TEMPORARY.fullmatch(name) and os.path.isfile(path) and not os.path.islink(path):
                 os.unlink(path)
+            elif _OWN_STAGING.fullmatch(name) and os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
         step_files = [n for n in names if _STEP_FILE.fullmatch(n)]
         if not os.path.lexists(self.manifest):
             if step_files:
@@ -355,7 +361,7 @@ class CheckpointDir:
                 "it is only ever replaced atomically, so something else wrote it: restore it, or delete "
                 "manifest.json and ringtrain rebuilds it from the checkpoints in the folder.",
             ) from e
-        return [e for e in entries if os.path.isfile(self._inside(e["file"]))]
+        return [e for e in entries if os.path.exists(self._inside(e["file"]))]
 
     def _write_manifest(self, entries: list[dict[str, Any]]) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{self.MANIFEST}.", suffix=".tmp", dir=self.folder)
@@ -414,6 +420,10 @@ class CheckpointDir:
     @staticmethod
     def _problem(path: str) -> str | None:
         """Why ``path`` is not a complete ringtrain checkpoint, or None when it is one."""
+        if os.path.isdir(path):
+            from .sharded import problem
+
+            return problem(path)
         try:
             obj = read(path)
         except RingtrainError as e:
@@ -427,8 +437,9 @@ class CheckpointDir:
         return None
 
     # --- writing (main process) ------------------------------------------------
-    def path_for(self, step: int) -> str:
-        return os.path.join(self.folder, f"step-{step:09d}.pt")
+    def path_for(self, step: int, folder: bool = False) -> str:
+        """Where step ``step``'s checkpoint goes: a file, or a folder (a sharded checkpoint)."""
+        return os.path.join(self.folder, f"step-{step:09d}" + ("" if folder else ".pt"))
 
     def commit(self, path: str, **info: Any) -> None:
         """Record ``path`` (already written) as the newest checkpoint; drop the oldest beyond keep_last."""
@@ -442,5 +453,7 @@ class CheckpointDir:
             if entry["file"] in kept:  # listed twice (a hand-edited manifest): still needed
                 continue
             stale = self._inside(entry["file"])
-            if os.path.lexists(stale):
+            if os.path.isdir(stale) and not os.path.islink(stale):
+                shutil.rmtree(stale)
+            elif os.path.lexists(stale):
                 os.unlink(stale)

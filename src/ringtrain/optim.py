@@ -1,18 +1,10 @@
-"""Stepping only on accumulation boundaries: the window, the optimizer, the scheduler.
+"""Stepping only on accumulation boundaries: the optimizer, the scheduler, the no_sync window.
 
-With ``Ring(accumulate=k)`` a *window* is k micro-batches whose gradients add up
-before one optimizer step. ``Accumulator`` knows where in the window we are;
-``ring.backward`` asks it how much to divide the loss by and whether this
-backward is the boundary (only then does DDP synchronise). The optimizer and
-scheduler that ``ring.setup`` returns consult it, so the user's loop keeps
-calling ``optimizer.step()`` / ``zero_grad()`` / ``scheduler.step()`` every
-micro-step and they act only on boundaries.
-
-Epoch ends are *flushed*: when a ring loader is on its last batches, the window
-shrinks to what is left (and the loss is divided by that smaller count), so an
-epoch of n micro-batches always ends with a step, no gradient leaks into the
-next epoch, and a short window equals one batch of its samples. Loaders not made
-by the ring carry the window over instead (the ring cannot see their end).
+``Step`` (step.py) knows where in the accumulation window the loop is; ``ring.backward``
+asks it how much to divide the loss by and whether this backward is the boundary (only
+then does DDP synchronise). The optimizer and scheduler that ``ring.setup`` returns consult
+it, so the user's loop keeps calling ``optimizer.step()`` / ``zero_grad()`` /
+``scheduler.step()`` every micro-step and they act only on boundaries.
 """
 
 from __future__ import annotations
@@ -26,60 +18,7 @@ from typing import Any, Callable
 import torch
 
 from .errors import RingtrainError
-
-
-class Accumulator:
-    """Position inside the current accumulation window."""
-
-    def __init__(self, k: int):
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise RingtrainError(f"Ring got accumulate={k!r}", "accumulate is a number of micro-batches: 1 or more.")
-        self.k = k
-        self.micro = 0  # micro-batches already in the current window
-        self.window = k
-        self.sync_now = True  # did the last backward end a window?
-        self.just_stepped = False  # was the optimizer stepped since the last backward?
-        self.optimizer_steps = 0
-        self.drop_window = False  # set when a non-finite loss is skipped: the window's step is dropped
-        self.skipped_steps = 0
-        self._lrs: list[float] | None = None
-        self.scaler_steps: ScalerSteps | None = None  # set by wrap_optimizer: shared by the ring's optimizers
-
-    def boundary_ahead(self, remaining: int | None) -> bool:
-        """Will the coming backward end the window? Decided before the forward, because
-        DDP reads its ``no_sync`` flag in forward (DistributedDataParallel.forward →
-        reducer.prepare_for_backward), not in backward."""
-        if self.micro == 0:
-            self.window = max(1, min(self.k, remaining)) if remaining is not None else self.k
-        return self.micro + 1 >= self.window
-
-    def next_backward(self, remaining: int | None) -> tuple[int, bool]:
-        """Advance one micro-step; return (loss divisor, is this the boundary)."""
-        if self.micro == 0 and self.scaler_steps is not None:
-            # A new window: the scale its loss is multiplied by must include the last boundary's update.
-            self.scaler_steps.update()
-        boundary = self.boundary_ahead(remaining)
-        divisor = self.window
-        self.micro = 0 if boundary else self.micro + 1
-        self.sync_now = boundary
-        self.just_stepped = False
-        return divisor, boundary
-
-    def check_lr(self, optimizers: list[torch.optim.Optimizer]) -> None:
-        """A scheduler stepped inside a window would run k times too fast: make that loud."""
-        if self.k == 1:
-            return
-        lrs = [float(g["lr"]) for opt in optimizers for g in opt.param_groups if "lr" in g]
-        if self.micro == 0 or self._lrs is None:
-            self._lrs = lrs
-        elif lrs != self._lrs:
-            raise RingtrainError(
-                f"the learning rate changed in the middle of an accumulation window (accumulate={self.k}): "
-                "an LR scheduler is stepping every micro-batch, so its schedule would run "
-                f"{self.k}x too fast",
-                "pass the scheduler through ring.setup(model, optimizer, scheduler) — it then steps only on "
-                "accumulation boundaries — or step it once per epoch.",
-            )
+from .step import Step
 
 
 class ScalerSteps:
@@ -122,12 +61,11 @@ class ScalerSteps:
 
 def wrap_optimizer(
     optimizer: torch.optim.Optimizer,
-    accumulator: Accumulator,
-    scaler: torch.amp.GradScaler,
-    after_step: Callable[[], None] = lambda: None,
+    step_state: Step,
+    scaler_steps: ScalerSteps,
     step_context: Callable[[torch.optim.Optimizer], Any] = lambda optimizer: contextlib.nullcontext(),
 ) -> torch.optim.Optimizer:
-    """Gate ``optimizer.step`` / ``zero_grad`` on ``accumulator``'s boundaries, in place; return it.
+    """Gate ``optimizer.step`` / ``zero_grad`` on ``step_state``'s boundaries, in place; return it.
 
     The gate is an instance attribute wrapping whatever ``step`` the optimizer has
     now — which is how torch's LR schedulers track steps too — so the layers
@@ -140,9 +78,7 @@ def wrap_optimizer(
     previous_step = optimizer.step
     previous_zero_grad = optimizer.zero_grad
     inside = [False]
-    if accumulator.scaler_steps is None or accumulator.scaler_steps.scaler is not scaler:
-        accumulator.scaler_steps = ScalerSteps(scaler)
-    scaler_steps = accumulator.scaler_steps
+    scaler = scaler_steps.scaler
     scaler_steps.add(optimizer)
 
     # functools.wraps carries the wrapped step's attributes (a scheduler's marker among
@@ -152,13 +88,10 @@ def wrap_optimizer(
         if inside[0]:
             # GradScaler.step calls optimizer.step(): this is that inner call.
             return previous_step(closure) if closure is not None else previous_step()
-        if not accumulator.sync_now:
+        if not step_state.sync_now:
             return None
-        if accumulator.drop_window:
-            # ring.backward saw a non-finite loss in this window (nonfinite="skip").
-            accumulator.drop_window = False
-            accumulator.skipped_steps += 1
-            return None
+        if step_state.take_drop():
+            return None  # ring.backward saw a non-finite loss in this window (nonfinite="skip")
         with step_context(optimizer):
             if scaler.is_enabled():
                 # The scaler unscales (unless clipping already did) and skips the step if any
@@ -173,20 +106,39 @@ def wrap_optimizer(
                 result = scaler_steps.step(optimizer, scaled_step)
             else:
                 result = previous_step(closure) if closure is not None else previous_step()
-        accumulator.optimizer_steps += 1
-        accumulator.just_stepped = True
-        after_step()
+        step_state.stepped()
         return result
 
     @functools.wraps(previous_zero_grad)
     def zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
-        if accumulator.sync_now:
+        if step_state.sync_now:
             previous_zero_grad(set_to_none=set_to_none)
 
     step._ringtrain_gate = True  # type: ignore[attr-defined]
     optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
     optimizer.zero_grad = types.MethodType(zero_grad, optimizer)  # type: ignore[method-assign]
     return optimizer
+
+
+def replace_parameters(optimizer: torch.optim.Optimizer, replaced: dict[int, torch.nn.Parameter]) -> None:
+    """Point ``optimizer`` at the parameters a strategy put in place of the user's, in place.
+
+    FSDP swaps every parameter for its shard (a DTensor), a model built on the meta device gets
+    real tensors: an optimizer built on the old ones would step tensors nobody uses. The same
+    object keeps its class, parameter groups (order included) and hyperparameters, so the
+    variable the user holds and a scheduler built on it follow. ``replaced``: id(old) -> new.
+    """
+    if not any(id(p) in replaced for group in optimizer.param_groups for p in group["params"]):
+        return
+    if optimizer.state:
+        raise RingtrainError(
+            f"ring.setup got a {type(optimizer).__name__} that already holds state (it has stepped, or a state was "
+            "loaded into it), but the strategy replaces the model's parameters, so that state would be lost",
+            "build the optimizer fresh, pass it to ring.setup, and load its state afterwards with ring.load(path, "
+            "optimizer=optimizer).",
+        )
+    for group in optimizer.param_groups:
+        group["params"] = [replaced.get(id(p), p) for p in group["params"]]
 
 
 class NonFiniteGuard:
@@ -241,12 +193,12 @@ class NonFiniteGuard:
 class RingScheduler:
     """An LR scheduler whose ``step()`` acts only right after a real optimizer step."""
 
-    def __init__(self, scheduler: Any, accumulator: Accumulator):
+    def __init__(self, scheduler: Any, step_state: Step):
         self._scheduler = scheduler
-        self._accumulator = accumulator
+        self._step = step_state
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        if self._accumulator.just_stepped or self._accumulator.k == 1:
+        if self._step.just_stepped or self._step.k == 1:
             self._scheduler.step(*args, **kwargs)
 
     @property
@@ -283,8 +235,8 @@ class NoSyncWindow:
     region is closed after the backward (``close``). One all-reduce per optimizer step.
     """
 
-    def __init__(self, accumulator: Accumulator, no_sync: Callable[[Any], Any], remaining: Callable[[], int | None]):
-        self.accumulator = accumulator
+    def __init__(self, step_state: Step, no_sync: Callable[[Any], Any], remaining: Callable[[], int | None]):
+        self.step = step_state
         self.no_sync = no_sync
         self.remaining = remaining
         self._open: dict[int, Any] = {}  # open no_sync regions, by id of the wrapped model
@@ -298,7 +250,7 @@ class NoSyncWindow:
         stale = self._open.pop(id(module), None)
         if stale is not None:  # a forward whose backward never came (e.g. a skipped batch)
             stale.__exit__(None, None, None)
-        if not self.accumulator.boundary_ahead(self.remaining()):
+        if not self.step.boundary_ahead(self.remaining()):
             region = self.no_sync(module)
             region.__enter__()
             self._open[id(module)] = region

@@ -6,48 +6,52 @@ The state machine, top to bottom:
    a ``checkpoint_dir`` they become the periodic save's contents, and the newest complete
    checkpoint in the folder is loaded into them now (a restarted job resumes here);
 2. ``add_loader(made)`` — a loader made after a load gets its saved position;
-3. ``after_step()`` — the optimizer stepped: every ``save_every`` steps a save becomes due;
-4. ``autosave()`` — the ring writes a due save (``save_due``) when the next batch is asked
-   for (the user's scheduler.step() and zero_grad() for that step have run by then), or
-   when the epochs end;
-5. ``save(path, **state)`` / ``load(path, **targets)`` — the user's own checkpoints.
+3. ``autosave()`` — the Ring calls it when ``Step.save_due`` says a periodic save is due, at a
+   point it chooses (before the next batch is handed out, or when the epochs end);
+   ``flush()`` waits for an asynchronous one still being written;
+4. ``save(path, **state)`` / ``load(path, **targets)`` — the user's own checkpoints.
 
 A ring checkpoint holds the user's objects plus what continuing exactly needs: every
-rank's RNG state, the loaders' positions, the epoch, the optimizer-step count and the
-fp16 scaler. File-level work (atomic writes, safe loading, the manifest) is checkpoint.py's.
+rank's RNG state, the loaders' positions, the epoch, the step counters and the fp16
+scaler. Two forms (state.py): one ``torch.save`` file gathered on rank 0 (checkpoint.py: atomic
+writes, safe loading, the folder's manifest), or a sharded folder every rank writes its part of
+(sharded.py) — the default of strategies whose state is sharded (FSDP), asynchronous in a
+``checkpoint_dir``. Either form loads into any strategy at any world size.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from . import checkpoint
+from . import checkpoint, sharded, state
 from .data import RingLoader, move_to_device
 from .errors import RingtrainError
-from .optim import Accumulator
+from .step import Step
 
 
 class Resumer:
-    """Checkpoints of one ring: what to save, when, and how to continue from one."""
+    """Checkpoints of one ring: what to save, when asked, and how to continue from one."""
 
-    def __init__(self, strategy: Any, accumulator: Accumulator, scaler: torch.amp.GradScaler,
+    def __init__(self, strategy: Any, step: Step, scaler: torch.amp.GradScaler,
                  loaders: list[RingLoader], epoch: Callable[[], int | None], say: Callable[[str], None],
-                 checkpoints: checkpoint.CheckpointDir | None = None, save_every: int | None = None):
+                 checkpoints: checkpoint.CheckpointDir | None = None,
+                 module_of: Callable[[torch.optim.Optimizer], nn.Module | None] = lambda optimizer: None):
         self.strategy = strategy
-        self.accumulator = accumulator
+        self.step = step
         self.scaler = scaler
         self.loaders = loaders  # the ring's own list: loaders it makes later appear here too
         self.epoch = epoch
         self.say = say
         self.checkpoints = checkpoints
-        self.save_every = save_every
+        self.module_of = module_of  # the model an optimizer was set up with (its parameters' names)
         self.resume_epoch: int | None = None  # where ring.epochs continues after a load
         self._targets: dict[str, Any] = {}  # what the periodic save writes
         self._loader_states: list[dict[str, Any]] = []  # saved positions, by loader index
-        self._save_due = False
+        self._async: sharded.AsyncSave | None = None
 
     @staticmethod
     def checkpoint_dir(folder: str | None, save_every: int | None, keep_last: int) -> checkpoint.CheckpointDir | None:
@@ -73,7 +77,7 @@ class Resumer:
         if latest is None:
             return
         self.load(latest, **targets)
-        self.say(f"ringtrain: resumed from {latest} (epoch {self.resume_epoch}, step {self.accumulator.optimizer_steps})")
+        self.say(f"ringtrain: resumed from {latest} (epoch {self.resume_epoch}, step {self.step.optimizer_steps})")
 
     def add_loader(self, made: RingLoader) -> None:
         index = self.loaders.index(made)
@@ -84,67 +88,156 @@ class Resumer:
         epoch, self.resume_epoch = self.resume_epoch, None
         return epoch
 
-    # --- 3, 4: periodic saves ----------------------------------------------------------
-    def after_step(self) -> None:
-        if self.save_every and self.accumulator.optimizer_steps % self.save_every == 0:
-            self._save_due = True
-
-    @property
-    def save_due(self) -> bool:
-        return self._save_due
-
+    # --- 3: periodic saves ----------------------------------------------------------------
     def autosave(self) -> None:
-        self._save_due = False
-        step = self.accumulator.optimizer_steps
-        path = self.checkpoints.path_for(step)  # type: ignore[union-attr]
-        self.save(path, **self._targets)
-        if self.is_main:
-            self.checkpoints.commit(path, step=step, epoch=self.epoch())  # type: ignore[union-attr]
+        """Write the periodic checkpoint that is due: sharded and asynchronous where the strategy shards."""
+        self.step.saved()
+        number = self.step.optimizer_steps
+        folders = self.strategy.shards_state
+        path = self.checkpoints.path_for(number, folder=folders)  # type: ignore[union-attr]
+        if not folders:
+            self.save(path, full=True, **self._targets)
+            if self.is_main:
+                self.checkpoints.commit(path, step=number, epoch=self.epoch())  # type: ignore[union-attr]
+            return
+        self.flush()  # one save in flight at a time: the next waits for the previous
+        tree, kinds = self._local_tree(self._targets)
+        meta = self._meta()
+        tensors, skeleton = sharded.split(tree)
+        staging = self._agree(lambda: sharded.staging_folder(path))
+        epoch, folder = self.epoch(), self.checkpoints
 
-    # --- 5: the user's checkpoints ------------------------------------------------------
-    def save(self, path: str, **state: Any) -> None:
-        """Write ``state`` to ``path`` from the main process, atomically; every rank returns when it is on disk."""
-        if checkpoint.META_KEY in state:
+        def done() -> None:  # in the writer thread, once every rank's shards are on disk
+            if self.is_main:
+                sharded.finish(staging, path, skeleton, kinds, meta)
+                folder.commit(path, step=number, epoch=epoch)  # type: ignore[union-attr]
+
+        if self._async is None:
+            self._async = sharded.AsyncSave(self.strategy.checkpoint_group())
+        self._async.start(staging, tensors, done)
+
+    def flush(self) -> None:
+        """Wait for an asynchronous save still being written; a failure raises on every rank."""
+        if self._async is None:
+            return
+        error = self._async.wait()
+        message = None if error is None else _failure_line(error)
+        failures = self.strategy.gather_object(message)
+        first = next(((r, m) for r, m in enumerate(failures) if m is not None), None)
+        if first is not None:
+            raise RingtrainError(f"rank {first[0]}: the asynchronous checkpoint failed: {first[1]}",
+                                 "check the checkpoint folder's space and permissions; the previous checkpoint is "
+                                 "still the newest listed one.")
+
+    # --- 4: the user's checkpoints ------------------------------------------------------
+    def save(self, path: str, full: bool | None = None, **state_: Any) -> None:
+        """Write ``state_`` to ``path``; every rank returns when it is on disk.
+
+        ``full``: one ``torch.save`` file gathered on rank 0 (True), or a sharded folder every rank
+        writes its part of (False); None: the strategy's form (sharded for FSDP, a file otherwise).
+        """
+        if checkpoint.META_KEY in state_:
             raise RingtrainError(f"ring.save got the reserved key {checkpoint.META_KEY!r}", "rename that entry.")
-        rng = self.strategy.gather_object(checkpoint.capture_rng())
-        # On every rank, in the same order: a split model's parts are gathered collectively.
-        payload = {name: self._state_of(v) for name, v in state.items()}
-        failure: str | None = None
+        self.flush()
+        if full is None:
+            full = not self.strategy.shards_state
+        if not full:
+            self._save_sharded(path, state_)
+            return
+        meta = self._meta()
+        # On every rank, in the same order: sharded and split models are gathered collectively.
+        payload = {name: self._full_state_of(v) for name, v in state_.items()}
+        payload[checkpoint.META_KEY] = meta
+
+        def write() -> None:
+            if os.path.isdir(path) and not os.path.islink(path):
+                raise RingtrainError(f"cannot save the checkpoint file {path!r}: a folder is there",
+                                     "save to another path, or remove the folder (a sharded checkpoint) first.")
+            checkpoint.atomic_save(checkpoint.to_cpu(payload), path)
+
+        self._agree(write)
+
+    def _save_sharded(self, path: str, state_: dict[str, Any]) -> None:
+        tree, kinds = self._local_tree(state_)
+        meta = self._meta()
+        tensors, skeleton = sharded.split(tree)
+        staging = self._agree(lambda: sharded.staging_folder(path))
+        try:
+            sharded.write_shards(staging, tensors)
+        except Exception as e:
+            raise RingtrainError(f"saving the sharded checkpoint {path!r} failed: {_failure_line(e)}",
+                                 "check the folder's space and permissions; every rank must see the same folder "
+                                 "(a shared file system across nodes).") from e
+        self._agree(lambda: sharded.finish(staging, path, skeleton, kinds, meta))
+
+    def _agree(self, action: Callable[[], Any]) -> Any:
+        """Run ``action`` on rank 0 and give its result to every rank; a failure raises on every rank,
+        instead of leaving the others waiting."""
+        result, failure = None, None
         if self.is_main:
-            payload[checkpoint.META_KEY] = {
-                "format": checkpoint.FORMAT,
-                "world_size": self.strategy.world_size,
-                "rng": rng,
-                "loaders": [made.state() for made in self.loaders],
-                "epoch": self.epoch(),
-                "optimizer_steps": self.accumulator.optimizer_steps,
-                "scaler": self.scaler.state_dict(),
-            }
             try:
-                checkpoint.atomic_save(checkpoint.to_cpu(payload), path)
+                result = action()
             except RingtrainError as e:
                 failure = str(e)
             except Exception as e:  # disk full, permissions, unpicklable extra...
-                failure = f"saving {path!r} failed: {type(e).__name__}: {e}\nHINT: check the folder's space and permissions."
-        # Every rank learns the outcome, so a failed save raises everywhere instead of hanging peers.
-        failure = self.strategy.broadcast_object(failure)
+                failure = f"{_failure_line(e)}\nHINT: check the folder's space and permissions."
+        result, failure = self.strategy.broadcast_object((result, failure))
         if failure is not None:
             message, _, hint = failure.partition("\nHINT: ")
             raise RingtrainError(f"rank 0: {message}", hint or "see the message above.")
+        return result
 
-    def _state_of(self, value: Any) -> Any:
+    def _meta(self) -> dict[str, Any]:
+        """What continuing exactly needs (collective: every rank's RNG state is gathered)."""
+        return {
+            "format": checkpoint.FORMAT,
+            "world_size": self.strategy.world_size,
+            "rng": self.strategy.gather_object(checkpoint.capture_rng()),
+            "loaders": [made.state() for made in self.loaders],
+            "epoch": self.epoch(),
+            "optimizer_steps": self.step.optimizer_steps,
+            "step": self.step.state_dict(),
+            "scaler": self.scaler.state_dict(),
+        }
+
+    def _names(self, optimizer: torch.optim.Optimizer) -> tuple[dict[str, nn.Parameter], dict[int, str]]:
+        module = self.module_of(optimizer)
+        params = self.strategy.named_parameters(module) if module is not None else {}
+        return params, state.parameter_names(params)
+
+    def _full_state_of(self, value: Any) -> Any:
         if isinstance(value, nn.Module):
             return self.strategy.module_state(value)
         if isinstance(value, torch.optim.Optimizer):
-            return self.strategy.optimizer_state(value)
+            return self.strategy.optimizer_state(value, self.module_of(value))
         return checkpoint.state_of(value)
+
+    def _local_tree(self, state_: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """What this rank holds of each entry (shards stay shards), and each entry's kind."""
+        tree, kinds = {}, {}
+        for name, value in state_.items():
+            if isinstance(value, nn.Module):
+                tree[name], kinds[name] = self.strategy.local_state(value), "module"
+            elif isinstance(value, torch.optim.Optimizer):
+                _, names = self._names(value)
+                tree[name], kinds[name] = state.named_optimizer(value, names), "optimizer"
+            else:  # rank 0's value, kept whole in ringtrain.pt (as in a full file)
+                kinds[name] = "value"
+                tree[name] = sharded.Whole(checkpoint.to_cpu(checkpoint.state_of(value)))
+        return tree, kinds
 
     def load(self, path: str, **targets: Any) -> dict[str, Any]:
         """Load ``path`` (on every rank) into ``targets``; return the other entries, on the ring's device."""
-        ckpt = checkpoint.read(path)  # to the CPU; load_state_dict copies to the parameters' device
-        modules = [name for name, t in targets.items() if isinstance(t, nn.Module)]
-        if checkpoint.META_KEY not in ckpt and checkpoint.is_plain_state_dict(ckpt) and len(modules) == 1:
-            ckpt = {modules[0]: ckpt}
+        self.flush()
+        folder = sharded.is_sharded_checkpoint(path)
+        if folder:
+            ckpt, meta = self._read_sharded(path, targets)
+        else:
+            ckpt = checkpoint.read(path)  # to the CPU; load_state_dict copies to the parameters' device
+            meta = ckpt.get(checkpoint.META_KEY)
+            modules = [name for name, t in targets.items() if isinstance(t, nn.Module)]
+            if meta is None and checkpoint.is_plain_state_dict(ckpt) and len(modules) == 1:
+                ckpt = {modules[0]: ckpt}
         for name, target in targets.items():
             if name not in ckpt:
                 raise RingtrainError(
@@ -152,9 +245,16 @@ class Resumer:
                     "use the keyword the checkpoint was saved with, e.g. ring.load(path, model=model).",
                 )
             if isinstance(target, nn.Module):
-                self.strategy.load_module_state(target, ckpt[name], path)
+                if folder:  # read as this rank's layout holds it
+                    self.strategy.load_local_state(target, ckpt[name])
+                else:
+                    self.strategy.load_module_state(target, ckpt[name], path)
             elif isinstance(target, torch.optim.Optimizer):
-                self.strategy.load_optimizer_state(target, ckpt[name])
+                if folder:
+                    params, names = self._names(target)
+                    state.load_named_optimizer(target, ckpt[name], names, params)
+                else:
+                    self.strategy.load_optimizer_state(target, ckpt[name], self.module_of(target))
                 move_optimizer_state(target, self.strategy.device)
             elif hasattr(target, "load_state_dict"):
                 target.load_state_dict(ckpt[name])
@@ -163,16 +263,58 @@ class Resumer:
                     f"ring.load got {name}={type(target).__name__}, which has no load_state_dict",
                     "pass only objects to load into; plain values come back in the returned dict.",
                 )
-        meta = ckpt.get(checkpoint.META_KEY)
         if isinstance(meta, dict):
             self._restore_meta(meta)
         return {k: move_to_device(v, self.strategy.device) for k, v in ckpt.items() if k not in targets and k != checkpoint.META_KEY}
+
+    def _read_sharded(self, path: str, targets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A sharded folder, each rank reading the pieces its own layout holds."""
+        local = {name: self.strategy.local_state(t) for name, t in targets.items() if isinstance(t, nn.Module)}
+        params = {name: self._names(t)[0] for name, t in targets.items() if isinstance(t, torch.optim.Optimizer)}
+        unexpected: dict[str, list[str]] = {}
+
+        def target_for(key: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+            name, _, rest = key.partition("/")
+            if name in local:
+                mine = local[name].get(rest)
+                if mine is None:
+                    if rest not in self.strategy.state_keys(targets[name]):
+                        unexpected.setdefault(name, []).append(rest)
+                    return None
+                if state.global_shape(mine) != shape:
+                    raise RingtrainError(
+                        f"the checkpoint {path!r} does not fit {type(targets[name]).__name__}: {rest}: checkpoint "
+                        f"{shape} vs model {state.global_shape(mine)}",
+                        "load it into the same model architecture it was saved from (same constructor arguments).")
+                return mine
+            if name in params:
+                _, param_name, key_ = (rest.split("/", 2) + ["", ""])[:3] if rest.startswith("state/") else ("", "", "")
+                param = params[name].get(param_name)
+                if param is None:
+                    return None  # not held here (another stage's), or not this optimizer's
+                if shape == state.global_shape(param) and key_ != "step":
+                    return torch.empty_like(param, dtype=dtype)
+                return torch.empty(shape, dtype=dtype)
+            return None  # a model or optimizer not asked for: not read (values are whole in ringtrain.pt)
+
+        tree, kinds, meta = sharded.load(path, target_for)
+        tree = {k: v for k, v in tree.items() if k in targets or kinds.get(k) == "value"}
+        for name, module in targets.items():
+            if not isinstance(module, nn.Module) or name not in tree:
+                continue
+            missing = sorted(k for k in local[name] if k not in tree[name])
+            if missing or unexpected.get(name):
+                raise RingtrainError(
+                    f"the checkpoint {path!r} does not fit {type(module).__name__}: missing keys: "
+                    f"{', '.join(missing[:8]) or 'none'}; unexpected keys: {', '.join(unexpected.get(name, [])[:8]) or 'none'}",
+                    "load it into the same model architecture it was saved from (same constructor arguments).")
+        return tree, meta
 
     def _restore_meta(self, meta: dict[str, Any]) -> None:
         # RNG streams are per rank: restored only when the world has the same size.
         if meta.get("world_size") == self.strategy.world_size and meta.get("rng"):
             checkpoint.restore_rng(meta["rng"][self.strategy.rank])
-        self.accumulator.optimizer_steps = int(meta.get("optimizer_steps", 0))
+        self.step.load_state_dict(meta.get("step") or {"optimizer_steps": meta.get("optimizer_steps", 0)})
         if meta.get("scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(meta["scaler"])
         self._loader_states = list(meta.get("loaders") or [])
@@ -187,6 +329,11 @@ class Resumer:
             self.resume_epoch = saved_epoch + 1
 
 
+def _failure_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
 def _resume_loader(made: RingLoader, saved: dict[str, Any]) -> None:
     if saved["finished"]:
         made.resume(saved["epoch"] + 1, 0)
@@ -197,8 +344,9 @@ def _resume_loader(made: RingLoader, saved: dict[str, Any]) -> None:
 
 
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Optimizer state tensors to ``device``; the step counters stay where they are (CPU)."""
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and key != "step":
-                state[key] = value.to(device)
+    """Optimizer state tensors to ``device``; the step counters stay where they are (CPU).
+    Sharded state (DTensors) already sits where its parameter's shard is, and stays."""
+    for param_state in optimizer.state.values():
+        for key, value in param_state.items():
+            if isinstance(value, torch.Tensor) and key != "step" and not state.is_sharded(value):
+                param_state[key] = value.to(device)

@@ -19,14 +19,21 @@ from torch import nn
 from . import environments, precision as precisions, strategies
 from .data import RingLoader, make_loader
 from .errors import RingtrainError
-from .optim import Accumulator, NoSyncWindow, NonFiniteGuard, RingScheduler, wrap_optimizer
+from .optim import NoSyncWindow, NonFiniteGuard, RingScheduler, ScalerSteps, replace_parameters, wrap_optimizer
 from .progress import Progress
 from .resume import Resumer, move_optimizer_state
 from .seeding import configure_kernels, seed_everything
+from .step import Step
 from .strategies import BackwardSyncControl, PipelineSchedule, Strategy
 from .strategies._group import as_timeout
 
 DEFAULT_TIMEOUT_S = 1800.0
+
+
+def _is_fsdp(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
 
 
 class Ring:
@@ -74,7 +81,7 @@ class Ring:
         self.strategy.attach(env, device=device, backend=backend, init_method=init_method, timeout=as_timeout(timeout))
         self.env = env
         # Everything the arguments can get wrong is checked before joining the group.
-        self.accumulator = Accumulator(accumulate)
+        self.step_state = Step(accumulate, save_every)
         precisions.canonical(precision)
         self.nonfinite = NonFiniteGuard(nonfinite, self.strategy)
         self.strategy.configure(accumulate=accumulate, nonfinite=nonfinite, sync_batchnorm=sync_batchnorm)
@@ -98,13 +105,16 @@ class Ring:
         self._optimizers: list[torch.optim.Optimizer] = []
         self._loaders: list[RingLoader] = []
         self._remaining_batches: int | None = None
-        self._window = NoSyncWindow(self.accumulator, getattr(self.strategy, "no_sync", None),
+        self._window = NoSyncWindow(self.step_state, getattr(self.strategy, "no_sync", None),
                                     lambda: self._remaining_batches)
+        self._scaler_steps = ScalerSteps(self.precision.scaler)
+        self.step_state.on_new_window(self._scaler_steps.update)
         self._epoch: int | None = None
         self._last_loss: torch.Tensor | None = None
-        self.resumer = Resumer(self.strategy, self.accumulator, self.precision.scaler, self._loaders,
+        self._module_of: dict[int, nn.Module] = {}  # id(optimizer) -> the model it was set up with
+        self.resumer = Resumer(self.strategy, self.step_state, self.precision.scaler, self._loaders,
                                epoch=lambda: self._epoch, say=self.print, checkpoints=checkpoints,
-                               save_every=save_every)
+                               module_of=lambda optimizer: self._module_of.get(id(optimizer)))
 
     # --- who and where ---------------------------------------------------------
     rank = property(lambda self: self.strategy.rank)
@@ -114,12 +124,14 @@ class Ring:
     device = property(lambda self: self.strategy.device)
     is_main = property(lambda self: self.rank == 0)
     is_local_main = property(lambda self: self.local_rank == 0)
-    accumulate = property(lambda self: self.accumulator.k)
-    optimizer_steps = property(lambda self: self.accumulator.optimizer_steps,
+    accumulate = property(lambda self: self.step_state.k)
+    optimizer_steps = property(lambda self: self.step_state.optimizer_steps,
                                doc="Optimizer steps taken (accumulation boundaries), counting steps the scaler skipped.")
-    sync_now = property(lambda self: self.accumulator.sync_now,
+    sync_now = property(lambda self: self.step_state.sync_now,
                         doc="Did the last ``ring.backward`` end an accumulation window (so the optimizer steps now)?")
     epoch = property(lambda self: self._epoch, doc="The epoch ``ring.epochs`` is in, or None outside it.")
+    mesh = property(lambda self: getattr(self.strategy, "mesh", None),
+                    doc="The job's DeviceMesh (named dimensions: dp_replicate, dp_shard, pp), or None on one process.")
 
     @property
     def global_batch_size(self) -> int | None:
@@ -150,7 +162,8 @@ class Ring:
                                  f"the options strategies take are {sorted(strategies.module_options())}.")
         if not isinstance(model, nn.Module):
             raise RingtrainError(f"ring.setup got a {type(model).__name__}, not an nn.Module", "pass your model.")
-        if self.strategy.unwrap(model) is not model or isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        if self.strategy.unwrap(model) is not model or isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)) \
+                or _is_fsdp(model):
             raise RingtrainError(
                 f"ring.setup got a model already wrapped in {type(model).__name__}",
                 "pass the plain model: the ring wraps it for the strategy it runs.",
@@ -163,7 +176,11 @@ class Ring:
             model = convert_sync_batchnorm(model)
         self.strategy.check_same_model(model)
         mine = {k: v for k, v in options.items() if k in self.strategy.MODULE_OPTIONS}
+        before = {name: id(p) for name, p in model.named_parameters()}
         wrapped = self.strategy.setup_module(model, self.precision, **mine)
+        # FSDP puts shards in place of the parameters, the meta device real tensors: the optimizer follows.
+        replaced = {before[name]: p for name, p in self.strategy.named_parameters(wrapped).items()
+                    if name in before and before[name] != id(p)}
         self._models.append(wrapped)
         if self.accumulate > 1 and isinstance(self.strategy, BackwardSyncControl):
             self._window.attach(wrapped)
@@ -174,14 +191,15 @@ class Ring:
         suffix = str(len(self._models) - 1) if len(self._models) > 1 else ""
         targets: dict[str, Any] = {f"model{suffix}": wrapped}
         if optimizer is not None:
+            replace_parameters(optimizer, replaced)
             optimizer = self.strategy.setup_optimizer(optimizer, wrapped)
             move_optimizer_state(optimizer, self.device)
-            optimizer = wrap_optimizer(optimizer, self.accumulator, self.precision.scaler, self.resumer.after_step,
-                                       self.strategy.step_context)
+            optimizer = wrap_optimizer(optimizer, self.step_state, self._scaler_steps, self.strategy.step_context)
             self._optimizers.append(optimizer)
+            self._module_of[id(optimizer)] = wrapped
             targets[f"optimizer{suffix}"] = optimizer
         if scheduler is not None:
-            scheduler = RingScheduler(scheduler, self.accumulator)
+            scheduler = RingScheduler(scheduler, self.step_state)
             targets[f"scheduler{suffix}"] = scheduler
         self.resumer.track(targets)
         return (wrapped,) + tuple(t for t in (optimizer, scheduler) if t is not None) if optimizer is not None else wrapped
@@ -222,17 +240,21 @@ class Ring:
                     made.set_epoch(epoch)
                 yield epoch
                 self.nonfinite.check(force=True)
-            self._autosave_if_due()
+            self._save_if_due()
+            self.resumer.flush()  # the last checkpoint is on disk when the epochs end
         finally:
             self._epoch = None
 
     def _note_loader(self, made: RingLoader) -> None:
-        """A ring loader is about to hand out a batch; the previous step is complete."""
+        """A ring loader is about to hand out a batch: everything of the previous step is done."""
         self._remaining_batches = made.remaining()
-        self._autosave_if_due()
+        self._save_if_due()
 
-    def _autosave_if_due(self) -> None:
-        if self.resumer.save_due:
+    def _save_if_due(self) -> None:
+        """The ring decides when a due periodic save is written: between two batches (where the last
+        step's optimizer, scheduler and zero_grad have all run, and the next batch is not drawn yet) and
+        when the epochs end."""
+        if self.step_state.save_due:
             self.nonfinite.check(force=True)  # never save the state a NaN step produced
             self.resumer.autosave()
 
@@ -248,9 +270,9 @@ class Ring:
                 "ring.backward under strategy='pipeline': no rank holds the whole model's output",
                 "train with loss = ring.pipeline_step(x, y, loss_fn); it runs forward and backward.",
             )
-        self.accumulator.check_lr(self._optimizers)
+        self.step_state.check_lr(self._optimizers)
         skip = self.nonfinite.skip(loss, self.optimizer_steps, self._epoch)
-        divisor, _ = self.accumulator.next_backward(self._remaining_batches)
+        divisor, _ = self.step_state.next_backward(self._remaining_batches)
         scaled = self.precision.scaler.scale(loss / divisor if divisor > 1 else loss)
         try:
             scaled.backward()
@@ -266,7 +288,7 @@ class Ring:
             for p in model.parameters():
                 if p.grad is not None:
                     p.grad.zero_()
-        self.accumulator.drop_window = True
+        self.step_state.drop()
 
     def pipeline_step(self, x: torch.Tensor, y: torch.Tensor, loss_fn: Any) -> torch.Tensor:
         """Forward and backward of one batch; its mean loss, on every rank. A pipeline cuts the batch
@@ -275,8 +297,8 @@ class Ring:
             loss = loss_fn(self._models[-1](x), y)
             self.backward(loss)
             return loss.detach()
-        self.accumulator.check_lr(self._optimizers)
-        divisor, boundary = self.accumulator.next_backward(self._remaining_batches)
+        self.step_state.check_lr(self._optimizers)
+        divisor, boundary = self.step_state.next_backward(self._remaining_batches)
         loss = self.strategy.pipeline_step(x, y, loss_fn, divisor=divisor, sync=boundary, scaler=self.precision.scaler)
         if self.nonfinite.skip(loss, self.optimizer_steps, self._epoch):
             self._drop_window()
@@ -286,7 +308,7 @@ class Ring:
     def clip_grad_norm_(self, model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip gradients to ``max_norm`` on accumulation boundaries (unscaling fp16 gradients first); the
         total norm before clipping, or None between boundaries (partial sums: nothing is clipped)."""
-        if not self.accumulator.sync_now:
+        if not self.step_state.sync_now:
             return None
         for optimizer in self._optimizers:
             self.strategy.sync_gradients(optimizer)  # hvd: averaged gradients, before their norm
@@ -296,10 +318,12 @@ class Ring:
         return self.strategy.clip_grad_norm_(model, max_norm, norm_type)
 
     # --- checkpoints (resume.py) ------------------------------------------------
-    def save(self, path: str, **state: Any) -> None:
-        """Write ``state`` (modules unwrapped, no ``module.`` prefix) to ``path`` from the main process,
-        atomically, with every rank's RNG state and the loaders' positions; see ``Resumer.save``."""
-        self.resumer.save(path, **state)
+    def save(self, path: str, *, full: bool | None = None, **state: Any) -> None:
+        """Write ``state`` (modules unwrapped, no ``module.`` prefix) to ``path``, whole or not at all, with
+        every rank's RNG state and the loaders' positions. Under FSDP a sharded folder every rank writes its
+        part of; elsewhere, or with ``full=True``, one ``torch.save`` file gathered on the main process. See
+        ``Resumer.save``."""
+        self.resumer.save(path, full=full, **state)
 
     def load(self, path: str, **targets: Any) -> dict[str, Any]:
         """Load ``path`` into ``targets`` on every rank and continue where it was saved (mid-epoch
@@ -329,7 +353,9 @@ class Ring:
                         last_loss=lambda: self._last_loss, desc=desc, total=total)
 
     def close(self) -> None:
-        """Leave the process group now (at exit this happens by itself). Never waits on other ranks."""
+        """Finish an asynchronous checkpoint still being written, then leave the process group (at exit this
+        happens by itself). Never waits on other ranks beyond that save, which every rank writes its part of."""
+        self.resumer.flush()
         self.strategy.teardown()
 
     def __enter__(self) -> "Ring":

@@ -2,6 +2,7 @@
 
     rt.Ring(strategy=rt.strategies.DDP(find_unused_parameters=True))
     rt.Ring(strategy=rt.strategies.Pipeline(stages=2, microbatches=8, schedule="1f1b"))
+    rt.Ring(strategy=rt.strategies.FSDP(wrap=[Block], replicate=2))
     rt.Ring(strategy="ddp")        # a name is the class with its default options
 
 ``resolve`` is the one place that maps a name (or ``"auto"``) to a strategy object.
@@ -18,6 +19,7 @@ from ..errors import RingtrainError
 from .base import BackwardSyncControl, Distributed, PipelineSchedule, Strategy
 from .ddp import DDP
 from .dp import DataParallel
+from .fsdp import FSDP
 from .hvd import Horovod
 from .pipeline import Pipeline
 from .single import Single
@@ -26,13 +28,14 @@ REGISTRY: dict[str, type[Strategy]] = {
     "single": Single,
     "dp": DataParallel,
     "ddp": DDP,
+    "fsdp": FSDP,
     "hvd": Horovod,
     "pipeline": Pipeline,
 }
 NAMES = ("auto", *REGISTRY)
 
 __all__ = [
-    "BackwardSyncControl", "DDP", "DataParallel", "Distributed", "Horovod", "Pipeline", "PipelineSchedule",
+    "BackwardSyncControl", "DDP", "DataParallel", "Distributed", "FSDP", "Horovod", "Pipeline", "PipelineSchedule",
     "REGISTRY", "Single", "Strategy", "module_options", "resolve",
 ]
 

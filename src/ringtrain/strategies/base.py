@@ -31,6 +31,8 @@ from torch import nn
 from .. import collectives
 from ..environments import Environment
 from ..errors import RingtrainError
+from ..materialize import check as check_meta, materialize, on_meta, rank0_rng_state
+from ..mesh import Layout, build as build_mesh, data_layout
 from ..stages import spans_devices
 from ._group import DEFAULT_TIMEOUT
 
@@ -144,7 +146,13 @@ class Strategy(ABC):
         model already spread over several devices (``rt.split``, or placed by hand) keeps its
         placement. ``options`` are ring.setup's keywords that this strategy understands.
         """
-        if not spans_devices(module):
+        if on_meta(module):
+            # Built on the meta device: allocate it whole here, initialise it from rank 0's random state.
+            check_meta(module)
+            rng = rank0_rng_state(self.broadcast_object)
+            module = module.to_empty(device=self.device)
+            materialize(module, rng)
+        elif not spans_devices(module):
             module = module.to(self.device)
         precision.wrap_forward(module)
         return self.wrap_module(module, **options)
@@ -190,21 +198,60 @@ class Strategy(ABC):
                 "build the same model (same code and constructor arguments) on every rank before ring.setup.",
             )
 
-    # --- checkpoints: the user's unsplit, unwrapped state -----------------------------
-    def module_state(self, module: nn.Module) -> Any:
-        """``module``'s state dict as one process would hold it (collective for split models)."""
+    # --- checkpoints: the user's unsplit, unwrapped state (state.py has the forms) -----------
+    # A strategy whose checkpoints are sharded folders by default (ring.save, checkpoint_dir).
+    shards_state = False
+
+    def named_parameters(self, module: nn.Module) -> dict[str, nn.Parameter]:
+        """This rank's parameters of ``module`` under the unsplit model's names (shards stay shards)."""
+        return dict(self.unwrap(module).named_parameters())
+
+    def local_state(self, module: nn.Module) -> dict[str, Any]:
+        """The state this rank holds, under the unsplit model's names: whole tensors, or DTensor shards."""
         return self.unwrap(module).state_dict()
 
+    def state_keys(self, module: nn.Module) -> set[str]:
+        """Every key of the unsplit model's state dict (a pipeline rank holds only some of them)."""
+        return set(self.local_state(module))
+
+    def load_local_state(self, module: nn.Module, state_dict: dict[str, Any]) -> None:
+        """Load tensors laid out as ``local_state`` gives them."""
+        self.unwrap(module).load_state_dict(state_dict)
+
+    def module_state(self, module: nn.Module) -> Any:
+        """``module``'s whole state dict on the CPU, on rank 0 (None elsewhere). Collective for shards."""
+        from ..state import gather_full
+
+        return gather_full(self.local_state(module), keep=self.rank == 0)
+
     def load_module_state(self, module: nn.Module, state_dict: Any, path: str) -> None:
-        from ..checkpoint import load_model_state
+        """Load a whole state dict (every rank holds it); shards take their part."""
+        from ..state import load_module_state
 
-        load_model_state(self.unwrap(module), state_dict, path)
+        load_module_state(self.unwrap(module), state_dict, path)
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Any:
-        return optimizer.state_dict()
+    def optimizer_state(self, optimizer: torch.optim.Optimizer, module: nn.Module | None = None) -> Any:
+        """``optimizer.state_dict()`` as the optimizer of the unsplit model would give it, on rank 0. Collective
+        for shards (``module``: the model it was set up with)."""
+        from .. import state
 
-    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state_dict: Any) -> None:
-        optimizer.load_state_dict(state_dict)
+        if module is None or not _holds_shards(optimizer):
+            return optimizer.state_dict()
+        named = state.named_optimizer(optimizer, state.parameter_names(self.named_parameters(module)))
+        full = state.gather_full(named, keep=self.rank == 0)
+        return state.optimizer_by_index(full) if full is not None else None
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state_dict: Any,
+                             module: nn.Module | None = None) -> None:
+        """Load a whole (numbered) optimizer state; shards take their part."""
+        from .. import state
+
+        if module is None or not _holds_shards(optimizer):
+            optimizer.load_state_dict(state_dict)
+            return
+        params = self.named_parameters(module)
+        names = state.parameter_names(params)
+        state.load_named_optimizer(optimizer, state.named_from_index(state_dict, optimizer, names), names, params)
 
     # --- communication: identity on one process (collectives.py, over comm/) ----------
     def all_reduce(self, x: Any, op: str = "mean") -> torch.Tensor:
@@ -235,6 +282,12 @@ class Strategy(ABC):
         return f"{type(self).__name__}()"
 
 
+def _holds_shards(optimizer: torch.optim.Optimizer) -> bool:
+    from ..state import is_sharded
+
+    return any(is_sharded(p) for group in optimizer.param_groups for p in group["params"])
+
+
 class Distributed(Strategy):
     """A strategy that runs on the job's process group (the service in _group.py)."""
 
@@ -245,6 +298,28 @@ class Distributed(Strategy):
     def __init__(self) -> None:
         super().__init__()
         self.group = None  # the ProcessGroup, made when the strategy is attached
+        self.mesh = None  # the job's DeviceMesh (mesh.py), made when the group forms
+        self._checkpoint_group = None
+
+    def layout(self) -> Layout:
+        """This strategy's mesh dimensions over the job's ranks (mesh.py); data parallel by default."""
+        return Layout(data_layout(self.world_size))
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.layout().data_parallel_rank(self.rank)
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.layout().data_parallel_size()
+
+    def checkpoint_group(self) -> Any:
+        """A Gloo group of every rank for asynchronous checkpoint writes (made on first use: collective)."""
+        if self._checkpoint_group is None:
+            import torch.distributed as dist
+
+            self._checkpoint_group = dist.new_group(backend="gloo")
+        return self._checkpoint_group
 
     def check_job(self) -> None:
         from ._group import ProcessGroup
@@ -263,6 +338,7 @@ class Distributed(Strategy):
 
     def setup_environment(self) -> None:
         self.group.form()
+        self.mesh = build_mesh(self.layout(), self.device.type)
 
     def teardown(self, failure: BaseException | None = None) -> None:
         if self.group is not None:

@@ -407,10 +407,11 @@ class Pipeline(Distributed, PipelineSchedule):
     def load_module_state(self, module: nn.Module, state_dict: Any, path: str) -> None:
         self.load_full_state_dict(state_dict)
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Any:
+    def optimizer_state(self, optimizer: torch.optim.Optimizer, module: nn.Module | None = None) -> Any:
         return self.full_optimizer_state_dict(optimizer)
 
-    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state_dict: Any) -> None:
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state_dict: Any,
+                             module: nn.Module | None = None) -> None:
         self.load_full_optimizer_state_dict(optimizer, state_dict)
 
     def _group_layout(self, optimizer: torch.optim.Optimizer) -> tuple[list[list[str]], dict[int, str]]:

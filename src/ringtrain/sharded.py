@@ -1,0 +1,381 @@
+"""Sharded checkpoints: one folder that every rank writes its own shards into, complete or absent.
+
+The folder is torch's distributed checkpoint (``torch.distributed.checkpoint``, DCP) plus one
+file of ours::
+
+    ckpt/.metadata                 DCP: which tensor pieces are where (written last by DCP's coordinator)
+    ckpt/__0_0.distcp ...          DCP: one file per rank, its shards (replicated tensors written once)
+    ckpt/ringtrain.pt              ours (rank 0): everything that is not a tensor, the run's state
+                                   (RNG of every rank, loaders, steps), and the data files with their sizes
+
+Only tensors go to DCP; the rest (optimizer hyperparameters, an epoch number, a scheduler's
+state) goes to ``ringtrain.pt``, written with ``torch.save`` and read back with
+``weights_only=True``. DCP stores other values by pickling them and reads them back with
+``weights_only=False``, and reads its ``.metadata`` with plain ``pickle``: a checkpoint is input
+(DESIGN.md, principle 12), so ``SafeReader`` reads the metadata through an unpickler that
+builds only DCP's own metadata classes, and every file it names must be a plain name inside
+the folder.
+
+**Complete or absent.** The ranks write into a staging folder beside the target
+(``.ckpt.<random>.tmp``); only when DCP's coordinator has written ``.metadata`` (so every
+rank's data is on disk, ``fsync``-ed) does rank 0 write ``ringtrain.pt`` and rename the
+staging folder into place — swapping it atomically with an older checkpoint at that path
+(Linux ``renameat2(RENAME_EXCHANGE)``). A crash at any moment leaves the old checkpoint or
+the new one, and at worst a staging folder that ``CheckpointDir.prepare`` removes.
+
+**Any world size.** Tensors are stored with their global shapes; loading asks each rank for
+the pieces its own layout holds (a DTensor shard, a pipeline stage, the whole tensor), so a
+folder written by 2 FSDP ranks loads into 3, into DDP, or into one process with no group.
+``consolidate`` turns a folder into one plain ``torch.save`` file.
+
+**Asynchronous.** ``AsyncSave`` copies the state to CPU memory (DCP's own stager) and writes it
+from a daemon thread over a process group of its own (Gloo), while training goes on: DCP's
+collectives on the default group would interleave with the training's and hang. A daemon
+thread never holds up the process's exit; a save cut short leaves only its staging folder.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import io
+import os
+import pickle
+import shutil
+import tempfile
+import threading
+from typing import Any, Callable, Mapping
+
+import torch
+
+from . import checkpoint
+from .errors import RingtrainError
+
+INFO = "ringtrain.pt"
+FORMAT = 1
+_TENSOR = "__ringtrain_tensor__"  # the skeleton's placeholder for a tensor stored by DCP
+_HINT_DAMAGED = ("a sharded checkpoint is whole only with every rank's file: copy the complete folder (all "
+                 "__*.distcp files, .metadata and ringtrain.pt), or use an older checkpoint.")
+
+
+# --- tensors to DCP, the rest to ringtrain.pt -------------------------------------------------
+
+class Whole:
+    """A part of the tree kept whole in ``ringtrain.pt`` (rank 0's value), tensors included."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+def split(tree: Any) -> tuple[dict[str, torch.Tensor], Any]:
+    """``tree``'s tensors by path (``"model/0.weight"``) and the tree with placeholders in their place."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(value: Any, path: tuple[str, ...]) -> Any:
+        if isinstance(value, Whole):
+            return value.value
+        if isinstance(value, torch.Tensor):
+            key = "/".join(path)
+            if key in tensors:
+                raise RingtrainError(f"ring.save: two entries are both named {key!r}",
+                                     "use distinct keys (a dict with both 1 and '1' as keys cannot be sharded).")
+            tensors[key] = value
+            return {_TENSOR: key}
+        if isinstance(value, Mapping):
+            return {k: walk(v, (*path, str(k))) for k, v in value.items()}
+        if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+            return type(value)(walk(v, (*path, str(i))) for i, v in enumerate(value))
+        return value
+
+    return tensors, walk(tree, ())
+
+
+_SKIPPED = object()
+
+
+def join(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """The tree ``split`` took apart; a tensor not in ``tensors`` (not loaded on this rank) is left out."""
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict) and set(value) == {_TENSOR}:
+            return tensors.get(value[_TENSOR], _SKIPPED)
+        if isinstance(value, dict):
+            out = {k: walk(v) for k, v in value.items()}
+            return {k: v for k, v in out.items() if v is not _SKIPPED}
+        if isinstance(value, (list, tuple)):
+            return type(value)(walk(v) for v in value)
+        return value
+
+    return walk(skeleton)
+
+
+# --- reading DCP's metadata safely --------------------------------------------------------------
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds DCP's metadata classes, torch sizes and dtypes, and plain containers; nothing else."""
+
+    _MODULES = ("torch.distributed.checkpoint.metadata",)
+    _NAMES = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+              ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+              ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("builtins", "set"),
+              ("builtins", "frozenset"), ("builtins", "slice")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = module in self._MODULES or (module, name) in self._NAMES
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            allowed = True
+        if module == "torch" and name in ("strided", "sparse_coo") or (module, name) == ("torch", "channels_last"):
+            allowed = True
+        if not allowed:
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+        return super().find_class(module, name)
+
+
+def read_metadata(folder: str) -> Any:
+    path = os.path.join(folder, ".metadata")
+    try:
+        with open(path, "rb") as f:
+            return _MetadataUnpickler(io.BytesIO(f.read())).load()
+    except FileNotFoundError:
+        raise RingtrainError(f"the sharded checkpoint {folder!r} has no .metadata: it was never completed",
+                             _HINT_DAMAGED) from None
+    except Exception as e:
+        raise RingtrainError(f"cannot read {path!r} ({type(e).__name__}: {e})",
+                             "the folder is damaged or was not written by torch.distributed.checkpoint; " + _HINT_DAMAGED) from e
+
+
+def _safe_reader(folder: str):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class SafeReader(FileSystemReader):
+        """DCP's reader with the metadata read by ``read_metadata`` (no arbitrary unpickling)."""
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            metadata = read_metadata(folder)
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(folder)
+
+
+def data_files(folder: str, metadata: Any) -> dict[str, int]:
+    """The data files ``metadata`` points into, each with the bytes it must hold; each name checked to be
+    a plain file name in ``folder``."""
+    needed: dict[str, int] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        name = os.fspath(getattr(info, "relative_path", ""))
+        if not name or os.path.basename(name) != name or name in (".", "..") or "\0" in name:
+            raise RingtrainError(f"the sharded checkpoint {folder!r} points outside its folder ({name!r})",
+                                 "only load checkpoints written by ringtrain or torch.distributed.checkpoint.")
+        needed[name] = max(needed.get(name, 0), int(info.offset) + int(info.length))
+    return needed
+
+
+def problem(folder: str) -> str | None:
+    """Why ``folder`` is not a complete sharded checkpoint of ours, or None when it is one."""
+    if os.path.islink(folder) or not os.path.isdir(folder):
+        return "not a folder"
+    info_path = os.path.join(folder, INFO)
+    if not os.path.isfile(info_path):
+        return f"no {INFO}: not written by ring.save, or never completed"
+    try:
+        info = checkpoint.read(info_path)
+        needed = data_files(folder, read_metadata(folder))
+    except RingtrainError as e:
+        return e.message
+    if info.get("format") != FORMAT:
+        return f"{INFO} has format {info.get('format')!r}, this ringtrain reads {FORMAT}"
+    for name, size in sorted(needed.items()):
+        path = os.path.join(folder, name)
+        if os.path.islink(path) or not os.path.isfile(path):
+            return f"the shard file {name} is missing"
+        if os.path.getsize(path) < size:
+            return f"the shard file {name} is truncated ({os.path.getsize(path)} of {size} bytes)"
+    return None
+
+
+def check(folder: str) -> None:
+    found = problem(folder)
+    if found is not None:
+        raise RingtrainError(f"cannot load the sharded checkpoint {folder!r}: {found}", _HINT_DAMAGED)
+
+
+def is_sharded_checkpoint(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+def staging_folder(path: str) -> str:
+    """A fresh staging folder beside ``path`` (rank 0 makes it; the others are told its name)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise RingtrainError(f"cannot save the checkpoint {path!r}: folder {parent!r} does not exist",
+                             "create the folder first (os.makedirs(folder, exist_ok=True)) or save elsewhere.")
+    if os.path.isdir(path) and not os.path.islink(path) and os.listdir(path) and problem(path) is not None:
+        raise RingtrainError(f"cannot save the sharded checkpoint to {path!r}: a folder that is not a ringtrain "
+                             "checkpoint is there, and ring.save never deletes what is not its own",
+                             "save to a new path, or move that folder away.")
+    return tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=parent)
+
+
+def write_shards(folder: str, tensors: Mapping[str, torch.Tensor], group: Any = None) -> None:
+    """DCP's save of ``tensors`` into ``folder`` (collective over ``group``; every file fsync-ed)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    writer = dcp.FileSystemWriter(folder, sync_files=True)
+    if dist.is_available() and dist.is_initialized():
+        dcp.save(dict(tensors), storage_writer=writer, process_group=group)
+    else:
+        dcp.save(dict(tensors), storage_writer=writer, no_dist=True)
+
+
+def finish(staging: str, path: str, skeleton: Any, kinds: Mapping[str, str], meta: Mapping[str, Any]) -> None:
+    """Rank 0, once every rank's shards are on disk: write ``ringtrain.pt`` and put the folder in place."""
+    files = {name: os.path.getsize(os.path.join(staging, name)) for name in sorted(os.listdir(staging))}
+    checkpoint.atomic_save({"format": FORMAT, "skeleton": skeleton, "kinds": dict(kinds), "meta": dict(meta),
+                            "files": files}, os.path.join(staging, INFO))
+    publish(staging, path)
+
+
+def publish(staging: str, path: str) -> None:
+    """Move the complete folder ``staging`` to ``path``: atomically, replacing what is there."""
+    if not os.path.lexists(path):
+        os.rename(staging, path)
+    elif not _exchange(staging, path):  # on success `staging` holds the old checkpoint now
+        # No atomic swap here (not Linux, or a file system without it): a moment without `path`.
+        old = staging + ".old"
+        os.rename(path, old)
+        os.rename(staging, path)
+        staging = old
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+    if os.path.lexists(staging):
+        remove(staging)
+
+
+def remove(path: str) -> None:
+    """Delete a checkpoint (file or folder) of ours; a link is removed, never followed."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where that is unavailable."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    done = renameat2(at_fdcwd, os.fsencode(os.path.abspath(a)), at_fdcwd, os.fsencode(os.path.abspath(b)),
+                     _RENAME_EXCHANGE)
+    return done == 0
+
+
+def _fsync_dir(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class AsyncSave:
+    """One sharded save in flight at a time, written by a daemon thread over ``group``."""
+
+    def __init__(self, group: Any):
+        self.group = group
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, staging: str, tensors: Mapping[str, torch.Tensor], done: Callable[[], None]) -> None:
+        """Copy ``tensors`` to CPU memory now, then write them in the background and call ``done()``."""
+        import torch.distributed.checkpoint as dcp
+
+        staged = dcp.FileSystemWriter(staging).stage(dict(tensors))  # DCP's stager: a CPU copy, blocking
+
+        def run() -> None:
+            try:
+                write_shards(staging, staged, self.group)
+                done()
+            except BaseException as e:  # surfaced by wait() on the main thread
+                self._error = e
+
+        self._error = None
+        self._thread = threading.Thread(target=run, name="ringtrain-checkpoint", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> BaseException | None:
+        """Block until the save in flight is written; its error, if it failed."""
+        if self._thread is not None:
+            while self._thread.is_alive():
+                self._thread.join(0.2)
+            self._thread = None
+        error, self._error = self._error, None
+        return error
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+def load(folder: str, target_for: Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor | None]
+         ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    """Read ``folder``: (the saved tree with tensors filled in, the kind of each entry, the run's meta).
+
+    ``target_for(key, shape, dtype)`` gives the tensor to read entry ``key`` into — a DTensor
+    reads only its shard — or None to leave it out (another pipeline stage's). Collective when a
+    process group exists.
+    """
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    check(folder)
+    info = checkpoint.read(os.path.join(folder, INFO))
+    metadata = read_metadata(folder)
+    targets: dict[str, torch.Tensor] = {}
+    for key, md in metadata.state_dict_metadata.items():
+        if isinstance(md, TensorStorageMetadata):
+            target = target_for(key, tuple(md.size), md.properties.dtype)
+            if target is not None:
+                targets[key] = target
+    reader = _safe_reader(folder)
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dcp.load(targets, storage_reader=reader)
+        else:
+            dcp.load(targets, storage_reader=reader, no_dist=True)
+    except Exception as e:
+        raise RingtrainError(f"cannot read the sharded checkpoint {folder!r} ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''})", _HINT_DAMAGED) from e
+    return join(info["skeleton"], targets), dict(info.get("kinds", {})), dict(info.get("meta", {}))
+
+
+def consolidate(folder: str, out: str) -> dict[str, Any]:
+    """One process, no group: write ``folder`` as one plain ``torch.save`` file at ``out``; returns it.
+
+    ``torch.load(out)["model"]`` is a plain state dict under the model's own names; optimizers are
+    numbered as ``optimizer.state_dict()`` numbers them, so plain PyTorch and ``ring.load`` read it.
+    """
+    from .state import optimizer_by_index
+
+    tree, kinds, meta = load(folder, lambda key, shape, dtype: torch.empty(shape, dtype=dtype))
+    for name, kind in kinds.items():
+        if kind == "optimizer" and name in tree:
+            tree[name] = optimizer_by_index(tree[name])
+    tree[checkpoint.META_KEY] = meta
+    checkpoint.atomic_save(tree, out)
+    return tree

@@ -1,0 +1,177 @@
+"""Fully sharded data parallel: each rank holds 1/W of the parameters, gradients and optimizer state.
+
+The engine is torch's FSDP2 (``torch.distributed.fsdp.fully_shard``: per-parameter DTensor
+shards on a device mesh), never the legacy ``FullyShardedDataParallel``. Before a unit's
+forward its parameters are all-gathered, after its backward its gradients are
+reduce-scattered (averaged), and the optimizer steps only the shards: ZeRO-3 (Rajbhandari et
+al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models"). Which
+submodules are units is ``wrap=`` (_units.py). This file maps the Ring's options onto it:
+
+* ``Ring(accumulate=k)`` -> ``set_requires_gradient_sync(False)`` inside a window: gradients
+  accumulate unsharded and are reduce-scattered once, at the boundary;
+* ``precision="bf16-mixed"`` -> ``MixedPrecisionPolicy``: bf16 parameters in compute, gradients
+  reduced in fp32, outputs in fp32 (instead of autocast); ``"16-mixed"`` is refused (its loss
+  scaler would need every rank's inf check over sharded gradients);
+* ``ring.clip_grad_norm_`` -> the norm of the whole gradient, summed over the shards (DTensor);
+* ``replicate=k`` -> HSDP: a 2-D mesh ``(dp_replicate=k, dp_shard=W/k)``: shard inside each group
+  of W/k ranks (e.g. a node), replicate across groups (all-reduce);
+* a model built on the meta device is sharded first, then only this rank's shards are allocated
+  and initialised (materialize.py);
+* checkpoints are sharded folders by default (sharded.py; ``ring.save(..., full=True)`` for one file).
+
+The optimizer the user built on the unsharded model is pointed at the shards by ``ring.setup``
+(optim.replace_parameters). Without the meta device every rank starts from rank 0's weights,
+as DDP's constructor does: FSDP2 itself would shard whatever each rank built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import materialize
+from ..errors import RingtrainError
+from ..mesh import Layout, data_layout
+from . import _units
+from .base import BackwardSyncControl, Distributed
+
+OFFLOADS = (None, "cpu")
+
+
+class FSDP(Distributed, BackwardSyncControl):
+    """``rt.strategies.FSDP(wrap="auto", reshard_after_forward=True, offload=None, replicate=1)``.
+
+    ``wrap``: the shard units ("auto", a list of module classes, a function ``(name, module) ->
+    bool``, or None); ``reshard_after_forward``: True frees a unit's gathered parameters after its
+    forward and gathers them again for backward (ZeRO-3, least memory), False keeps them until
+    backward (ZeRO-2-like: less communication), an int reshards to groups of that many ranks;
+    ``offload="cpu"``: shards, gradients and the optimizer step live in CPU memory (torch's
+    ``CPUOffloadPolicy``); ``replicate=k``: HSDP, sharded within groups of W/k ranks, replicated
+    across the k groups.
+    """
+
+    name = "fsdp"
+    backward_syncs = True  # the backward's reduce-scatter waits for the other ranks
+    shards_state = True
+
+    def __init__(self, *, wrap: Any = "auto", reshard_after_forward: bool | int = True, offload: str | None = None,
+                 replicate: int = 1):
+        super().__init__()
+        if not isinstance(reshard_after_forward, (bool, int)) or (
+                not isinstance(reshard_after_forward, bool) and reshard_after_forward < 2):
+            raise RingtrainError(f"FSDP got reshard_after_forward={reshard_after_forward!r}",
+                                 "use True (ZeRO-3), False (keep gathered until backward) or a group size >= 2.")
+        if offload not in OFFLOADS:
+            raise RingtrainError(f"FSDP got offload={offload!r}", "use offload=None or offload='cpu'.")
+        if isinstance(replicate, bool) or not isinstance(replicate, int) or replicate < 1:
+            raise RingtrainError(f"FSDP got replicate={replicate!r}",
+                                 "replicate is the number of replica groups (1: plain FSDP; e.g. the number of nodes).")
+        if wrap != "auto" and wrap is not None and not callable(wrap) and not isinstance(wrap, (list, tuple, set)):
+            _units.choose(nn.Module(), wrap)  # raises the wrap= error
+        self.wrap = wrap
+        self.reshard_after_forward = reshard_after_forward
+        self.offload = offload
+        self.replicate = replicate
+        self.units: list[str] = []  # the submodules sharded as units of their own, for messages and tests
+
+    def __repr__(self) -> str:
+        options = {"wrap": self.wrap if self.wrap in ("auto", None) else "custom",
+                   "reshard_after_forward": self.reshard_after_forward, "offload": self.offload,
+                   "replicate": self.replicate}
+        defaults = {"wrap": "auto", "reshard_after_forward": True, "offload": None, "replicate": 1}
+        return f"FSDP({', '.join(f'{k}={v!r}' for k, v in options.items() if v != defaults[k])})"
+
+    def check_job(self) -> None:
+        if self.env.world_size % self.replicate:
+            raise RingtrainError(
+                f"FSDP(replicate={self.replicate}) does not divide the {self.env.world_size} processes started",
+                f"start a multiple of {self.replicate} processes, or choose replicate among the divisors of "
+                f"{self.env.world_size} (e.g. the number of nodes).",
+            )
+        super().check_job()
+
+    def layout(self) -> Layout:
+        return Layout(data_layout(self.world_size, self.replicate, shard=True))
+
+    @property
+    def data_mesh(self) -> Any:
+        """The mesh FSDP shards over: the whole job's (a pipeline hands it a sub-mesh instead)."""
+        return self.mesh
+
+    # --- model --------------------------------------------------------------------------------
+    def setup_module(self, module: nn.Module, precision: Any, **options: Any) -> nn.Module:
+        return self.shard(module, precision, self.data_mesh, self.device)
+
+    def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
+        raise NotImplementedError  # setup_module shards in place: nothing is wrapped
+
+    def shard(self, module: nn.Module, precision: Any, mesh: Any, device: torch.device,
+              broadcast: Any = None) -> nn.Module:
+        """Apply FSDP2 to ``module`` on ``mesh`` in place: its units, then itself; returns it.
+
+        ``broadcast(tensor)``: sends rank 0's values to the ranks of ``mesh`` (the whole job's
+        default group when None), so every rank shards the same weights.
+        """
+        from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        if isinstance(module, FSDPModule):
+            raise RingtrainError("ring.setup got a model that fully_shard already sharded",
+                                 "pass the plain model: the ring shards it for strategy='fsdp'.")
+        if precision.dtype is torch.float16:
+            raise RingtrainError(
+                "precision='16-mixed' with strategy='fsdp': fp16 loss scaling over sharded gradients is not supported",
+                "use precision='bf16-mixed' (no loss scaling needed) or '32' with FSDP, or fp16 with strategy='ddp'.",
+            )
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32)
+              if precision.dtype is torch.bfloat16 else MixedPrecisionPolicy())
+        offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if self.offload == "cpu" else OffloadPolicy()
+        meta = materialize.on_meta(module)
+        if meta:
+            materialize.check(module)
+            rng = materialize.rank0_rng_state(self.broadcast_object)
+        else:
+            for t in (*module.parameters(), *module.buffers()):
+                if broadcast is None:
+                    dist.broadcast(t.data, src=0)
+                else:
+                    broadcast(t.data)
+        self.units = _units.choose(module, self.wrap)
+        for name in self.units:
+            fully_shard(module.get_submodule(name), mesh=mesh, reshard_after_forward=self.reshard_after_forward,
+                        mp_policy=mp, offload_policy=offload)
+        # The model's own unit is needed again as soon as backward starts: keep it gathered (torch's default).
+        fully_shard(module, mesh=mesh, reshard_after_forward=False, mp_policy=mp, offload_policy=offload)
+        if meta:
+            module.to_empty(device="cpu" if self.offload == "cpu" else device)
+            if self.offload == "cpu" and device.type != "cpu":
+                for sub in module.modules():
+                    for name, buf in list(sub.named_buffers(recurse=False)):
+                        setattr(sub, name, buf.to(device))
+            materialize.materialize(module, rng)
+        return module
+
+    def no_sync(self, module: nn.Module) -> ContextManager:
+        return _no_gradient_sync(module)
+
+    def clip_grad_norm_(self, module: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip by the norm of the whole gradient (summed over every rank's shard); return that norm."""
+        norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm, norm_type=norm_type)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+@contextlib.contextmanager
+def _no_gradient_sync(module: nn.Module):
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(module, FSDPModule):
+        yield
+        return
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
