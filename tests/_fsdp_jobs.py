@@ -112,3 +112,80 @@ def load_cases(items: list[tuple[str, dict]]) -> list[dict | None]:
 
 def saved_files(path: str) -> list[str]:
     return sorted(os.listdir(path))
+
+
+def initial_weights() -> dict | None:
+    """The whole state right after ring.setup of a model built on the meta device (seed 0)."""
+    ring = rt.Ring(strategy=FSDP(), seed=0)
+    with torch.device("meta"):
+        model = make_model()
+    model = ring.setup(model)
+    out = ring.strategy.module_state(model)
+    ring.close()
+    return out
+
+
+def four_rank_job(cases: dict[str, dict], loads: list[tuple[str, dict]]) -> dict | None:
+    """4 ranks, one job: the cases, the loads, and the initial weights of a meta-built model."""
+    fits = {name: fit(case) for name, case in cases.items()}
+    loaded = load_cases(loads)
+    initial = initial_weights()
+    return {"fits": fits, "loads": loaded, "initial": initial} if fits[next(iter(fits))] is not None else None
+
+
+def count_reduce_scatters() -> list[int]:
+    """Reduce-scatter calls made by each backward, with accumulate=2 (FSDP2 calls dist.reduce_scatter_single)."""
+    import torch.distributed as dist
+
+    calls = [0]
+    original = dist.reduce_scatter_single
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    dist.reduce_scatter_single = counting
+    try:
+        ring = rt.Ring(strategy=FSDP(), seed=0, accumulate=2)
+        model = make_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = ring.setup(model, optimizer)
+        per_backward = []
+        for x, y in ring.loader(data(), batch_size=4, shuffle=True):
+            before = calls[0]
+            ring.backward(F.cross_entropy(model(x), y))
+            per_backward.append(calls[0] - before)
+            optimizer.step()
+            optimizer.zero_grad()
+        ring.close()
+        return per_backward
+    finally:
+        dist.reduce_scatter_single = original
+
+
+def _error(action) -> str:
+    try:
+        action()
+    except rt.RingtrainError as e:
+        return str(e)
+    return "no error"
+
+
+def refusals() -> dict:
+    out = {}
+    ring = rt.Ring(strategy=FSDP(), precision="bf16-mixed")
+    out["twice"] = _error(lambda: ring.setup(ring.setup(make_model())))
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 10)).sum().backward()
+    optimizer.step()
+    out["stepped_optimizer"] = _error(lambda: ring.setup(model, optimizer))
+    ring.close()
+    ring = rt.Ring(strategy=FSDP(), precision="16-mixed")
+    out["fp16"] = _error(lambda: ring.setup(make_model()))
+    ring.close()
+    return out
+
+
+def ring_with(options: dict) -> None:
+    rt.Ring(strategy=FSDP(**options))

@@ -36,6 +36,7 @@ thread never holds up the process's exit; a save cut short leaves only its stagi
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import io
@@ -44,7 +45,8 @@ import pickle
 import shutil
 import tempfile
 import threading
-from typing import Any, Callable, Mapping
+import warnings
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -107,6 +109,14 @@ def join(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
         return value
 
     return walk(skeleton)
+
+
+@contextlib.contextmanager
+def _one_process() -> Iterator[None]:
+    """DCP warns on every save and load without a process group; one process is what we asked for."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"torch\.distributed is (disabled, )?unavailable or uninitialized")
+        yield
 
 
 # --- reading DCP's metadata safely --------------------------------------------------------------
@@ -232,7 +242,8 @@ def write_shards(folder: str, tensors: Mapping[str, torch.Tensor], group: Any = 
     if dist.is_available() and dist.is_initialized():
         dcp.save(dict(tensors), storage_writer=writer, process_group=group)
     else:
-        dcp.save(dict(tensors), storage_writer=writer, no_dist=True)
+        with _one_process():
+            dcp.save(dict(tensors), storage_writer=writer, no_dist=True)
 
 
 def finish(staging: str, path: str, skeleton: Any, kinds: Mapping[str, str], meta: Mapping[str, Any]) -> None:
@@ -357,7 +368,8 @@ def load(folder: str, target_for: Callable[[str, tuple[int, ...], torch.dtype], 
         if dist.is_available() and dist.is_initialized():
             dcp.load(targets, storage_reader=reader)
         else:
-            dcp.load(targets, storage_reader=reader, no_dist=True)
+            with _one_process():
+                dcp.load(targets, storage_reader=reader, no_dist=True)
     except Exception as e:
         raise RingtrainError(f"cannot read the sharded checkpoint {folder!r} ({type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''})", _HINT_DAMAGED) from e
