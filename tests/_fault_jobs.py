@@ -37,6 +37,9 @@ KILL_AT_STEP = "RINGTRAIN_TEST_KILL_AT_STEP"
 KILL_RANK = "RINGTRAIN_TEST_KILL_RANK"
 KILL_MARKER = "RINGTRAIN_TEST_KILL_MARKER"
 KILL_HOW = "RINGTRAIN_TEST_KILL_HOW"  # "signal" (SIGKILL, the default) or "raise" (a Python exception)
+# Sharded checkpoints are written in the background: this many seconds of delay before each
+# rank writes its shards keeps a save in flight long enough to be killed during it.
+SLOW_WRITE = "RINGTRAIN_TEST_SLOW_WRITE"
 
 N_SAMPLES = 40
 BATCH = 4
@@ -104,9 +107,25 @@ def _maybe_die(rank: int, step: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _slow_writes(seconds: float) -> None:
+    """Every rank waits ``seconds`` before writing its shards (DCP's FileSystemWriter.write_data)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    write = FileSystemWriter.write_data
+
+    def slow(self, *args, **kwargs):
+        time.sleep(seconds)
+        return write(self, *args, **kwargs)
+
+    FileSystemWriter.write_data = slow
+
+
 def train_main(args: argparse.Namespace) -> None:
-    """The restart-and-resume job: DDP with periodic checkpoints, logging every step's samples."""
-    ring = rt.Ring(seed=0, checkpoint_dir=args.ckpt, save_every=args.save_every, keep_last=2)
+    """The restart-and-resume job: DDP (or FSDP: sharded, asynchronous checkpoints) with periodic
+    checkpoints, logging every step's samples."""
+    if os.environ.get(SLOW_WRITE):
+        _slow_writes(float(os.environ[SLOW_WRITE]))
+    ring = rt.Ring(strategy=args.strategy, seed=0, checkpoint_dir=args.ckpt, save_every=args.save_every, keep_last=2)
     model = dropout_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model, optimizer = ring.setup(model, optimizer)  # resumes here after a restart
@@ -120,8 +139,9 @@ def train_main(args: argparse.Namespace) -> None:
             optimizer.zero_grad()
             log.record(step=ring.optimizer_steps, epoch=epoch, idx=idx.tolist(), attempt=attempt)
             _maybe_die(ring.rank, ring.optimizer_steps)
+    whole = ring.strategy.module_state(model)  # the unsharded state on rank 0 (collective under FSDP)
     if ring.is_main:
-        torch.save(flat_params(model), args.out)
+        torch.save(torch.cat([v.flatten() for v in whole.values()]), args.out)
     sys.stdout.write(f"RESULT rank={ring.rank} attempt={attempt} steps={ring.optimizer_steps}\n")
     ring.close()
 
@@ -361,6 +381,7 @@ def main(argv: list[str]) -> None:
     train.add_argument("--out", required=True)
     train.add_argument("--epochs", type=int, default=3)
     train.add_argument("--save-every", type=int, default=3)
+    train.add_argument("--strategy", default="auto")
     kill = jobs.add_parser("ckpt-kill")
     kill.add_argument("--folder", required=True)
     kill.add_argument("--point", required=True)

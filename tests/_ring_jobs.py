@@ -228,12 +228,20 @@ def nan_on_rank(bad_rank: int, nonfinite: str, steps: int = 4) -> tuple:
     return flat_params(model), ring.optimizer_steps, ring.step_state.skipped_steps
 
 
-def periodic(folder: str, epochs: int, stop_at_step: int | None = None, save_every: int = 2) -> tuple:
+def whole_params(ring: rt.Ring, model: nn.Module) -> torch.Tensor | None:
+    """The model's parameters, flattened, as one process holds them (collective under FSDP); None off rank 0
+    when sharded."""
+    whole = ring.strategy.module_state(model)
+    return None if whole is None else torch.cat([v.flatten() for v in whole.values()])
+
+
+def periodic(folder: str, epochs: int, stop_at_step: int | None = None, save_every: int = 2,
+             strategy: str = "auto") -> tuple:
     """Train with checkpoint_dir/save_every; stop (as if killed) right after ``stop_at_step``.
 
     Returns (params, every sample index seen, in order, as (epoch, index) pairs).
     """
-    ring = rt.Ring(seed=0, checkpoint_dir=folder, save_every=save_every, keep_last=2)
+    ring = rt.Ring(strategy=strategy, seed=0, checkpoint_dir=folder, save_every=save_every, keep_last=2)
     model = small_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model, optimizer = ring.setup(model, optimizer)
@@ -248,10 +256,12 @@ def periodic(folder: str, epochs: int, stop_at_step: int | None = None, save_eve
             optimizer.step()
             optimizer.zero_grad()
             if stop_at_step is not None and ring.optimizer_steps == stop_at_step:
+                params = whole_params(ring, model)
                 ring.close()
-                return flat_params(model), seen
+                return params, seen
+    params = whole_params(ring, model)
     ring.close()
-    return flat_params(model), seen
+    return params, seen
 
 
 def misbehave(mode: str) -> tuple:
