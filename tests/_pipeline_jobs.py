@@ -126,9 +126,12 @@ def _train(strategy: Pipeline, *, split_at, steps: int, per_replica: int | list[
         "norms": norms,
         "stage": strategy.stage_index,
         "replica": replica,
-        "local_keys": list(stage.state_dict()),
-        "local_params": sum(p.numel() for p in stage.parameters()),
-        "model_meta": all(p.device.type == "meta" for n, p in model.named_parameters() if n not in stage.state_dict()),
+        "local_keys": list(strategy.local_state(None)),
+        "local_params": sum((p.to_local() if hasattr(p, "to_local") else p).numel()
+                            for p in strategy.named_parameters(None).values()),
+        "mesh": strategy.mesh.mesh_dim_names,
+        "model_meta": all(p.device.type == "meta" for n, p in model.named_parameters()
+                          if n not in strategy.local_state(None)),
     }
 
 
@@ -152,13 +155,19 @@ def train_cases(cases: list[dict], bad_batch: int | None = None) -> list:
             results.append("")
         except RingtrainError as e:
             results.append(str(e))
-    # fp16: an overflow in the last stage only must make every stage's GradScaler skip the step.
-    for p in strategy._local[0].parameters():
+    # fp16: an overflow in the last stage only must make every stage's GradScaler skip the step
+    # (checked on the first case's strategy: fp16 runs with replicated stages only).
+    if owner.shards_state:
+        results.append(None)
+        owner.barrier()
+        owner.teardown()
+        return results
+    for p in owner._local[0].parameters():
         p.grad = torch.ones_like(p)
-    if strategy.is_last_stage:
-        next(strategy._local[0].parameters()).grad[0] = float("inf")
-    strategy._agree_on_overflow()
-    results.append(not all(torch.isfinite(p.grad).all() for p in strategy._local[0].parameters()))
+    if owner.is_last_stage:
+        next(owner._local[0].parameters()).grad[0] = float("inf")
+    owner._agree_on_overflow()
+    results.append(not all(torch.isfinite(p.grad).all() for p in owner._local[0].parameters()))
     owner.barrier()
     owner.teardown()
     return results

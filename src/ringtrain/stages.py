@@ -26,6 +26,7 @@ t, stage s works on micro-batch t-s, so on GPUs consecutive stages overlap
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -179,6 +180,16 @@ def release(root: nn.Module, keep: Sequence[nn.Module]) -> None:
         for name, buf in list(module.named_buffers(recurse=False)):
             if id(buf) not in kept and buf.device.type != "meta":
                 setattr(module, name, buf.to("meta"))
+
+
+def meta_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` whose parameters and buffers are on the meta device (its data is never copied)."""
+    memo: dict[int, Any] = {}
+    for p in module.parameters():
+        memo[id(p)] = nn.Parameter(p.detach().to("meta"), requires_grad=p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = b.detach().to("meta")
+    return copy.deepcopy(module, memo)
 
 
 def as_args(value: Any) -> tuple:

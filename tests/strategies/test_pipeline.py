@@ -115,8 +115,8 @@ def test_each_rank_keeps_only_its_stage(two_ranks):
     assert first["model_meta"] and second["model_meta"]  # the other stage's tensors were freed (meta)
     total = sum(p.numel() for p in jobs.make_model().parameters())
     assert first["local_params"] + second["local_params"] == total
-    # interleaved: chunks 0 and 2 on rank 0, 1 and 3 on rank 1 (torch's loop placement)
-    assert two_ranks[0]["interleaved"]["local_keys"] == ["0.0.weight", "0.0.bias", "1.4.weight", "1.4.bias"]
+    # interleaved: chunks 0 and 2 on rank 0, 1 and 3 on rank 1 (torch's loop placement), under the unsplit names
+    assert two_ranks[0]["interleaved"]["local_keys"] == ["0.weight", "0.bias", "4.weight", "4.bias"]
 
 
 def test_batch_not_divisible_by_microbatches(two_ranks):
@@ -124,15 +124,52 @@ def test_batch_not_divisible_by_microbatches(two_ranks):
         assert "cannot be cut into 4 equal micro-batches" in rank["bad_batch"] and "HINT:" in rank["bad_batch"]
 
 
-def test_two_stages_by_two_replicas_equal_single_process_with_combined_batch():
-    case = {"stages": 2, "microbatches": 4, "schedule": "1f1b", "split_at": ["2"], "steps": 3, "per_replica": PER_REPLICA}
-    ranks = launch(jobs.train_cases, [case], nprocs=4)
+FOUR_RANKS = {
+    "ddp": {"stages": 2, "microbatches": 4, "schedule": "1f1b", "split_at": ["2"], "steps": 3, "per_replica": PER_REPLICA},
+    # 2-D: pipeline x FSDP, each stage's 2 replicas hold half of it
+    "fsdp": {"stages": 2, "microbatches": 4, "schedule": "1f1b", "split_at": ["2"], "steps": 3, "per_replica": PER_REPLICA,
+             "data": "fsdp"},
+    # torch's stage reduces gradients over the replicas after every step: still exact across a window
+    "ddp_accumulate": {"stages": 2, "microbatches": 2, "schedule": "gpipe", "split_at": ["4"], "steps": 2,
+                       "per_replica": PER_REPLICA, "accumulate": 2},
+    "fsdp_accumulate_clip": {"stages": 2, "microbatches": 2, "schedule": "gpipe", "split_at": ["4"], "steps": 2,
+                             "per_replica": PER_REPLICA, "accumulate": 2, "clip": 0.05, "data": "fsdp"},
+}
+
+
+@pytest.fixture(scope="module")
+def four_ranks():
+    ranks = launch(jobs.train_cases, list(FOUR_RANKS.values()), nprocs=4)
+    return [{name: r for name, r in zip(FOUR_RANKS, rank)} for rank in ranks]
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_two_stages_by_two_replicas_equal_single_process_with_combined_batch(four_ranks, name):
     ref = jobs.reference(3, 2 * PER_REPLICA)
-    assert max_diff(ranks[0][0]["state"], ref["state"]) <= TOL
-    # rank = stage * replicas + replica
-    assert [(r[0]["stage"], r[0]["replica"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    for r in ranks:
-        assert r[0]["losses"] == pytest.approx(ref["losses"], abs=TOL)
+    assert max_diff(four_ranks[0][name]["state"], ref["state"]) <= TOL
+    # rank = stage * replicas + replica: the mesh ("pp", 2) x ("dp_replicate" | "dp_shard", 2)
+    assert [(r[name]["stage"], r[name]["replica"]) for r in four_ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for r in four_ranks:
+        assert r[name]["losses"] == pytest.approx(ref["losses"], abs=TOL)
+    assert four_ranks[0][name]["mesh"] == ("pp", "dp_shard" if name == "fsdp" else "dp_replicate")
+
+
+@pytest.mark.parametrize("name", ["ddp_accumulate", "fsdp_accumulate_clip"])
+def test_replicated_or_sharded_stages_accumulate_exactly(four_ranks, name):
+    case = FOUR_RANKS[name]
+    ref = jobs.reference(2, 2 * PER_REPLICA, accumulate=2, clip=case.get("clip"))
+    assert max_diff(four_ranks[0][name]["state"], ref["state"]) <= TOL
+    ref_opt, got_opt = ref["optimizer"], four_ranks[0][name]["optimizer"]
+    assert got_opt["param_groups"] == ref_opt["param_groups"]
+    for i, st in ref_opt["state"].items():
+        assert (got_opt["state"][i]["momentum_buffer"] - st["momentum_buffer"]).abs().max().item() <= TOL
+
+
+def test_fsdp_stages_hold_half_of_their_stage(four_ranks):
+    ddp, fsdp = four_ranks[0]["ddp"], four_ranks[0]["fsdp"]
+    assert fsdp["local_params"] < ddp["local_params"]
+    assert fsdp["local_params"] == sum(-(-p.shape[0] // 2) * (p.numel() // p.shape[0])
+                                       for p in jobs.make_model()[:2].parameters())
 
 
 def test_checkpoint_is_unsplit_and_resumes_anywhere(tmp_path):

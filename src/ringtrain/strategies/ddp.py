@@ -53,15 +53,21 @@ class DDP(Distributed, BackwardSyncControl):
                 f"{type(module).__name__} has no trainable parameters, so DDP has nothing to synchronise",
                 "pass the model you train to ring.setup, or use ring.setup only for trainable models.",
             )
+        return self.replicate(module, None, self.device, **options)
+
+    def replicate(self, module: nn.Module, group: Any, device: Any, **options: Any) -> DistributedDataParallel:
+        """``module`` (on ``device``) as torch's DistributedDataParallel over ``group`` (None: the whole job);
+        a pipeline replicates each stage over its data sub-mesh with it."""
         # A module on several devices (model parallel inside each process) must leave device_ids
         # unset (DistributedDataParallel's documented rule for multi-device modules).
-        device_ids = [self.device.index] if self.device.type == "cuda" and not spans_devices(module) else None
-        # DDP broadcasts rank 0's parameters and buffers on construction, so every
+        device_ids = [device.index] if device.type == "cuda" and not spans_devices(module) else None
+        # DDP broadcasts the group's first rank's parameters and buffers on construction, so every
         # rank starts from the same weights whatever its own initialisation did.
-        wrapped = DistributedDataParallel(module, device_ids=device_ids, **{**self.ddp_options, **options})
+        wrapped = DistributedDataParallel(module, device_ids=device_ids, process_group=group,
+                                          **{**self.ddp_options, **options})
         if self.compression == "fp16":
             # DDP's own hook: gradients travel as float16 and come back in their dtype.
-            wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            wrapped.register_comm_hook(group, default_hooks.fp16_compress_hook)
         return wrapped
 
     def unwrap(self, module: nn.Module) -> nn.Module:

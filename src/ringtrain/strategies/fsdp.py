@@ -110,30 +110,33 @@ class FSDP(Distributed, BackwardSyncControl):
         raise NotImplementedError  # setup_module shards in place: nothing is wrapped
 
     def shard(self, module: nn.Module, precision: Any, mesh: Any, device: torch.device,
-              broadcast: Any = None) -> nn.Module:
+              broadcast: Any = None, init: bool = True) -> nn.Module:
         """Apply FSDP2 to ``module`` on ``mesh`` in place: its units, then itself; returns it.
 
         ``broadcast(tensor)``: sends rank 0's values to the ranks of ``mesh`` (the whole job's
-        default group when None), so every rank shards the same weights.
+        default group when None), so every rank shards the same weights. A module on the meta
+        device gets only its shards allocated, and initialised unless ``init=False`` (a pipeline
+        initialises its whole model in order itself).
         """
         from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         if isinstance(module, FSDPModule):
             raise RingtrainError("ring.setup got a model that fully_shard already sharded",
                                  "pass the plain model: the ring shards it for strategy='fsdp'.")
-        if precision.dtype is torch.float16:
+        dtype = getattr(precision, "dtype", None)
+        if dtype is torch.float16:
             raise RingtrainError(
                 "precision='16-mixed' with strategy='fsdp': fp16 loss scaling over sharded gradients is not supported",
                 "use precision='bf16-mixed' (no loss scaling needed) or '32' with FSDP, or fp16 with strategy='ddp'.",
             )
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32)
-              if precision.dtype is torch.bfloat16 else MixedPrecisionPolicy())
+              if dtype is torch.bfloat16 else MixedPrecisionPolicy())
         offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if self.offload == "cpu" else OffloadPolicy()
         meta = materialize.on_meta(module)
-        if meta:
+        if meta and init:
             materialize.check(module)
             rng = materialize.rank0_rng_state(self.broadcast_object)
-        else:
+        elif not meta:
             for t in (*module.parameters(), *module.buffers()):
                 if broadcast is None:
                     dist.broadcast(t.data, src=0)
@@ -151,7 +154,8 @@ class FSDP(Distributed, BackwardSyncControl):
                 for sub in module.modules():
                     for name, buf in list(sub.named_buffers(recurse=False)):
                         setattr(sub, name, buf.to(device))
-            materialize.materialize(module, rng)
+            if init:
+                materialize.materialize(module, rng)
         return module
 
     def no_sync(self, module: nn.Module) -> ContextManager:

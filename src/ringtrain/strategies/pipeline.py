@@ -7,23 +7,27 @@ around them: cutting the model by module name (stages.py), keeping only this
 rank's stage in memory, a step that returns the loss on every rank, data
 parallelism over replicas, global-norm clipping, and full (unsplit) checkpoints.
 
-Layout (W = S x D ranks): rank = stage * D + replica — the pipeline dimension
-outermost, as torchtitan's ``["pp", "dp"]`` mesh and Megatron-LM's rank order
-put it, so a stage's data-parallel peers are neighbouring ranks (same node
-when a node holds D or more). Ranks of one replica form a pipeline group (the
-schedule's point-to-point traffic); ranks of one stage form a data-parallel
-group (a gradient all-reduce after the schedule). The loader must shard by
-``data_parallel_rank`` / ``data_parallel_size``: every stage of a replica sees
-the same batches (stage 0 uses x, the last stage y).
+Layout (W = S x D ranks): the job's device mesh (mesh.py) is ``("pp", S)`` then the data
+strategy's dimensions over D — ``("dp_replicate", D)`` for ``data=DDP()`` (the default),
+``("dp_shard", D)`` for ``data=FSDP()`` — so rank = stage * D + replica, the pipeline dimension
+outermost, as torchtitan's ``["pp", "dp"]`` mesh and Megatron-LM's rank order put it: a stage's
+data-parallel peers are neighbouring ranks (same node when a node holds D or more).
+``mesh["pp"]`` carries the schedule's point-to-point traffic; on the data sub-mesh each stage is
+torch's DistributedDataParallel, or FSDP2 (``fully_shard``: each of the D ranks of a stage holds
+1/D of it), which torch's ``PipelineStage`` drives (DDP's no_sync between micro-batches, FSDP's
+reduce-scatter after the last). The loader shards by ``data_parallel_rank`` /
+``data_parallel_size``: every stage of a replica sees the same batches (stage 0 uses x, the
+last stage y).
 
 Numerics: the schedule runs with ``scale_grads=False`` and the loss of each
 micro-batch divided by M (and by the accumulation window), so a step's
 gradient is that of the mean loss over the whole batch — exactly as the unsplit
 model computes it — and gradients of several steps add up correctly
 (torch's ``scale_grads=True`` would divide already-accumulated gradients again).
-Gradient accumulation = several ``pipeline_step`` calls before ``optimizer.step``
-(the data-parallel all-reduce runs only on the last, ``sync=True``); raising M
-is the cheaper way to a larger batch, since it also shrinks the bubble.
+Gradient accumulation = several ``pipeline_step`` calls before ``optimizer.step``; torch's
+stage reduces gradients over the replicas at the end of every call (the sum of the calls'
+averages is the average of their sum, so the result is exact; raising M is the cheaper way to
+a larger batch, since it also shrinks the bubble).
 """
 
 from __future__ import annotations
@@ -42,10 +46,14 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 
+from .. import materialize, state
 from ..checkpoint import strip_wrapper_prefixes
 from ..errors import RingtrainError
-from ..stages import Stage, cut, dynamic_mode_problem, meta_shapes, release
+from ..mesh import PP, Layout, data_layout
+from ..stages import Stage, cut, dynamic_mode_problem, meta_copy, meta_shapes, release
 from .base import Distributed, PipelineSchedule
+from .ddp import DDP
+from .fsdp import FSDP
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
@@ -56,19 +64,36 @@ def _positive(name: str, value: Any) -> int:
     return value
 
 
+def _data_strategy(data: Any) -> DDP | FSDP:
+    if data is None or data == "ddp":
+        return DDP()
+    if data == "fsdp":
+        return FSDP()
+    if isinstance(data, (DDP, FSDP)):
+        return data
+    raise RingtrainError(f"Pipeline got data={data!r}",
+                         "use data=rt.strategies.DDP() (the default: each stage replicated) or data=rt.strategies.FSDP() "
+                         "(each stage sharded over its replicas), or the names 'ddp' / 'fsdp'.")
+
+
 class Pipeline(Distributed, PipelineSchedule):
-    """``rt.strategies.Pipeline(stages, microbatches, schedule="gpipe", split_at=None)``.
+    """``rt.strategies.Pipeline(stages, microbatches, schedule="gpipe", split_at=None, data=DDP())``.
 
     S pipeline stages per replica, M micro-batches per step, D = W / S replicas.
     ``schedule``: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"``; ``split_at``: the module
-    names the model is cut before (or integer positions of an ``nn.Sequential``).
+    names the model is cut before (or integer positions of an ``nn.Sequential``); ``data``: how
+    a stage's D replicas share it — ``rt.strategies.DDP()`` (each holds it whole) or
+    ``rt.strategies.FSDP()`` (each holds 1/D of it: a 2-D pipeline x FSDP layout).
     """
 
     name = "pipeline"
     MODULE_OPTIONS = frozenset({"split_at"})
 
-    def __init__(self, stages: int, microbatches: int, schedule: str = "gpipe", split_at: list[str] | None = None):
+    def __init__(self, stages: int, microbatches: int, schedule: str = "gpipe", split_at: list[str] | None = None,
+                 data: Any = None):
         super().__init__()
+        self.data = _data_strategy(data)
+        self.shards_state = isinstance(self.data, FSDP)
         self.num_stages = _positive("stages", stages)
         self.microbatches = _positive("microbatches", microbatches)
         if schedule not in SCHEDULES:
@@ -92,8 +117,10 @@ class Pipeline(Distributed, PipelineSchedule):
         self.split_at = split_at
         self.pp_group: dist.ProcessGroup | None = None
         self.dp_group: dist.ProcessGroup | None = None
-        self._local: list[Stage] = []
-        self._all_stages: list[Stage] = []
+        self._local: list[Stage] = []  # this rank's stages, as the user's modules (FSDP shards them in place)
+        self._names_at_wrap: dict[int, str] = {}  # id of a local parameter as the user built it -> its name
+        self._runners: list[nn.Module] = []  # what the schedule runs: each local stage, DDP-wrapped when replicated
+        self._all_stages: list[Stage] = []  # every stage, for working out shapes (meta tensors where not local)
         self._local_indices: list[int] = []
         self._chunks = 0
         self._param_order: list[str] = []
@@ -109,7 +136,8 @@ class Pipeline(Distributed, PipelineSchedule):
 
     def __repr__(self) -> str:
         return (f"Pipeline(stages={self.num_stages}, microbatches={self.microbatches}, schedule={self.schedule!r}"
-                + (f", split_at={self.split_at!r})" if self.split_at is not None else ")"))
+                + (f", split_at={self.split_at!r}" if self.split_at is not None else "")
+                + (f", data={self.data!r})" if isinstance(self.data, FSDP) else ")"))
 
     def check_job(self) -> None:
         if self.env.world_size % self.num_stages:
@@ -118,9 +146,25 @@ class Pipeline(Distributed, PipelineSchedule):
                 f"start a multiple of {self.num_stages} processes (W = stages x replicas), or choose stages among the "
                 f"divisors of {self.env.world_size}.",
             )
+        replicas = self.env.world_size // self.num_stages
+        if isinstance(self.data, FSDP) and replicas % self.data.replicate:
+            raise RingtrainError(f"Pipeline(data=FSDP(replicate={self.data.replicate})) does not divide the {replicas} "
+                                 "replicas of each stage", f"choose replicate among the divisors of {replicas}.")
         super().check_job()
-        self._replicas = self.env.world_size // self.num_stages
-        self.stage_index = self.env.rank // self._replicas
+        self.stage_index = self.layout().coordinates(self.env.rank)[PP]
+
+    def layout(self) -> Layout:
+        """("pp", S), then the data strategy's dimensions over the D = W / S replicas of each stage."""
+        replicas = self.world_size // self.num_stages
+        if isinstance(self.data, FSDP):
+            return Layout(((PP, self.num_stages), *data_layout(replicas, self.data.replicate, shard=True)))
+        return Layout(((PP, self.num_stages), *data_layout(replicas)))
+
+    @property
+    def data_mesh(self) -> Any:
+        """The sub-mesh of this stage's replicas (1-D, or 2-D for FSDP(replicate=k))."""
+        names = tuple(n for n in self.layout().names if n != PP)
+        return self.mesh[names if len(names) > 1 else names[0]]
 
     def configure(self, *, accumulate: int = 1, nonfinite: str = "raise", sync_batchnorm: bool = False) -> None:
         if sync_batchnorm:
@@ -129,17 +173,7 @@ class Pipeline(Distributed, PipelineSchedule):
                 "drop sync_batchnorm (each stage's BatchNorm sees the whole micro-batch), or use ddp.",
             )
 
-    # --- who and where ------------------------------------------------------
-    @property
-    def data_parallel_size(self) -> int:
-        """Pipeline replicas (W / S): what a loader shards the data over."""
-        return self._replicas
-
-    @property
-    def data_parallel_rank(self) -> int:
-        """This rank's replica: every stage of a replica must see the same batches."""
-        return self.rank % self._replicas
-
+    # --- who and where (data_parallel_rank/size: the mesh's data dimensions) ---------
     @property
     def is_first_stage(self) -> bool:
         return self.stage_index == 0
@@ -149,17 +183,10 @@ class Pipeline(Distributed, PipelineSchedule):
         return self.stage_index == self.num_stages - 1
 
     def setup_environment(self) -> None:
-        super().setup_environment()
-        stages, replicas = self.num_stages, self.data_parallel_size
-        # new_group is collective: every rank creates every group, in the same order.
-        for s in range(stages):
-            group = dist.new_group([s * replicas + d for d in range(replicas)])
-            if s == self.stage_index:
-                self.dp_group = group
-        for d in range(replicas):
-            group = dist.new_group([s * replicas + d for s in range(stages)])
-            if d == self.data_parallel_rank:
-                self.pp_group = group
+        super().setup_environment()  # the mesh: its sub-meshes carry the pipeline's and the replicas' groups
+        self.pp_group = self.mesh[PP].get_group()
+        data = self.data_mesh
+        self.dp_group = data.get_group() if data.ndim == 1 else None
 
     # --- model and optimizer ----------------------------------------------------
     def wrap_module(self, module: nn.Module, split_at: list[str] | None = None, precision: Any = None, **_: Any) -> nn.Module:
@@ -187,23 +214,43 @@ class Pipeline(Distributed, PipelineSchedule):
         self._chunks = n
         self._local_indices = list(range(self.stage_index, n, s))
         self._local = [stages[i] for i in self._local_indices]
-        self._all_stages = stages  # the others keep only meta tensors: enough to work out shapes
         self._param_order = [name for name, _ in root.named_parameters()]
         self._root_keys = list(root.state_dict().keys())
+        self._names_at_wrap = {id(p): n for stage in self._local for n, p in stage.named_parameters()}
+        meta = materialize.on_meta(module)
+        if meta:  # built on the meta device: only this rank's stage(s) are ever allocated
+            materialize.check(module)
+            rng = materialize.rank0_rng_state(self.broadcast_object)
         release(root, keep=self._local)
+        sharded = isinstance(self.data, FSDP)
+        # Shapes are worked out on meta tensors (stages.meta_shapes); an FSDP stage's own forward would
+        # gather its shards, so it is worked out on a meta copy made before sharding.
+        self._all_stages = [meta_copy(st) if sharded and i in self._local_indices else st for i, st in enumerate(stages)]
         for stage in self._local:
-            stage.to(self.device)
-            if precision is not None:
-                precision.wrap_forward(stage)  # autocast around each stage forward, float32 out
-            stage.register_forward_hook(self._check_shapes)
+            if sharded:
+                self.data.shard(stage, precision, self.data_mesh, self.device, broadcast=self._from_first_replica,
+                                init=False)
+            else:
+                stage.to_empty(device=self.device) if meta else stage.to(self.device)
+                if precision is not None:
+                    precision.wrap_forward(stage)  # autocast around each stage forward, float32 out
+            stage.register_forward_hook(self._check_shapes)  # after autocast's: it sees what is sent
+        if meta:
+            materialize.materialize(root, rng)  # every stage in order: the random stream of the whole model
         self._sending = {id(st) for st, i in zip(self._local, self._local_indices) if i != n - 1}
-        # Replicas start equal, whatever each rank's initialisation did (what DDP's constructor does).
-        if self.data_parallel_size > 1:
-            for stage in self._local:
-                for t in (*stage.parameters(), *stage.buffers()):
-                    dist.broadcast(t.data, group=self.dp_group, group_src=0)
+        # Replicas of a stage: torch's DDP on the stage's data sub-mesh (it starts them from the first
+        # replica's weights and averages their gradients), or FSDP's shards (made above).
+        if not sharded and self.data_parallel_size > 1:
+            self._runners = [self.data.replicate(stage, self.dp_group, self.device) for stage in self._local]
+        else:
+            self._runners = list(self._local)
         self._schedules.clear()
-        return self._local[0] if len(self._local) == 1 else nn.ModuleList(self._local)
+        return self._runners[0] if len(self._runners) == 1 else nn.ModuleList(self._runners)
+
+    def _from_first_replica(self, tensor: torch.Tensor) -> None:
+        """Give ``tensor`` the first replica's values on every replica of this stage (each data dimension in turn)."""
+        for name in self.data_mesh.mesh_dim_names:
+            dist.broadcast(tensor, group=self.mesh[name].get_group(), group_src=0)
 
     def unwrap(self, module: nn.Module) -> nn.Module:
         return module
@@ -217,9 +264,13 @@ class Pipeline(Distributed, PipelineSchedule):
 
         Empty parameter groups stay, so every rank's optimizer has the unsplit model's group layout.
         """
-        local = {id(p) for stage in self._local for p in stage.parameters()}
+        current = self.named_parameters(None)
+        local = {id(p) for p in current.values()}
         for group in optimizer.param_groups:
-            group["params"] = [p for p in group["params"] if id(p) in local]
+            # A stage's parameters that FSDP replaced by shards (or the meta device by real tensors) are
+            # found by name; ring.setup has usually done that already (optim.replace_parameters).
+            group["params"] = [p if id(p) in local else current[self._names_at_wrap[id(p)]]
+                               for p in group["params"] if id(p) in local or id(p) in self._names_at_wrap]
         for p in [p for p in optimizer.state if id(p) not in local]:
             del optimizer.state[p]
         return optimizer
@@ -259,9 +310,9 @@ class Pipeline(Distributed, PipelineSchedule):
             if problem is not None:
                 raise problem
             built = []
-            for stage, index in zip(self._local, self._local_indices):
+            for runner, index in zip(self._runners, self._local_indices):
                 ins, outs = shapes[index] if shapes else (None, None)
-                built.append(PipelineStage(stage, index, self._chunks, self.device, input_args=ins, output_args=outs,
+                built.append(PipelineStage(runner, index, self._chunks, self.device, input_args=ins, output_args=outs,
                                            group=self.pp_group))
             kind = SCHEDULES[self.schedule]
             arg = built if self.schedule == "interleaved" else built[0]
@@ -311,10 +362,8 @@ class Pipeline(Distributed, PipelineSchedule):
             if isinstance(cause, RingtrainError):
                 raise RingtrainError(cause.message, cause.hint) from e
             raise
-        if sync:
-            self._all_reduce_grads()
-            if scaler is not None and scaler.is_enabled():
-                self._agree_on_overflow()
+        if sync and scaler is not None and scaler.is_enabled():
+            self._agree_on_overflow()
         # The last stage holds the M losses (one more before them if torch inferred shapes itself).
         loss = torch.zeros((), device=self.device)
         if self._losses:
@@ -324,23 +373,6 @@ class Pipeline(Distributed, PipelineSchedule):
 
     def _grads(self) -> list[torch.Tensor]:
         return [p.grad for stage in self._local for p in stage.parameters() if p.grad is not None]
-
-    def _all_reduce_grads(self) -> None:
-        """Average gradients over replicas in one flat buffer; keep replicas' buffers equal (DDP's broadcast_buffers)."""
-        if self.data_parallel_size == 1:
-            return
-        grads = self._grads()
-        if grads:
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=self.dp_group)
-            flat /= self.data_parallel_size
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
-        for stage in self._local:
-            for buf in stage.buffers():
-                dist.broadcast(buf, group=self.dp_group, group_src=0)
 
     def _agree_on_overflow(self) -> None:
         """fp16: if any rank's gradients overflowed, make every rank's GradScaler skip this step.
@@ -358,7 +390,9 @@ class Pipeline(Distributed, PipelineSchedule):
     def clip_grad_norm_(self, module: nn.Module | None, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip every stage's gradients by the norm of the whole model's gradient; return that norm."""
         params = [p for stage in self._local for p in stage.parameters() if p.grad is not None]
-        local = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type).to(self.device, torch.float32)
+        # FSDP stages: a norm over DTensor shards is reduced over the replicas' shards already.
+        local = state.full_tensor(torch.nn.utils.get_total_norm([p.grad for p in params], norm_type))
+        local = local.to(self.device, torch.float32)
         if norm_type == float("inf"):
             dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self.pp_group)
             total = local
@@ -366,7 +400,12 @@ class Pipeline(Distributed, PipelineSchedule):
             powered = local**norm_type
             dist.all_reduce(powered, group=self.pp_group)  # replicas hold equal gradients: sum over stages only
             total = powered ** (1.0 / norm_type)
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        if any(state.is_sharded(p.grad) for p in params):
+            coef = min(1.0, max_norm / (float(total) + 1e-6))  # a DTensor takes a number, not a plain tensor
+            for p in params:
+                p.grad.mul_(coef)
+        else:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
         return total
 
     # --- checkpoints: one unsplit state dict ---------------------------------------
@@ -379,7 +418,7 @@ class Pipeline(Distributed, PipelineSchedule):
 
     def full_state_dict(self) -> OrderedDict[str, torch.Tensor] | None:
         """The unsplit model's state dict (CPU tensors) on rank 0, None on other ranks. Collective."""
-        mine = {k: v.detach().cpu() for stage in self._local for k, v in stage.state_dict().items()}
+        mine = state.gather_full(self.local_state(None), keep=True)  # FSDP stages: whole over their replicas
         parts = self._gather_to_main(mine)
         if parts is None:
             return None
@@ -398,9 +437,23 @@ class Pipeline(Distributed, PipelineSchedule):
                     f"the checkpoint does not fit the model: missing keys {missing[:8]}, unexpected keys {unexpected[:8]}",
                     "load a checkpoint of the same architecture (the unsplit model's state dict).",
                 )
-            stage.load_state_dict({k: state_dict[k] for k in own})
+            state.load_module_state(stage, {k: state_dict[k] for k in own}, "the checkpoint")
 
-    # The Strategy contract's checkpoint hooks: one unsplit state dict, whatever S was.
+    # The Strategy contract's checkpoint hooks: one unsplit state dict, whatever S was; sharded
+    # checkpoints read and write each rank's stage(s) under the unsplit model's names.
+    def named_parameters(self, module: nn.Module | None) -> dict[str, nn.Parameter]:
+        return {n: p for stage in self._local for n, p in stage.named_parameters()}
+
+    def local_state(self, module: nn.Module | None) -> dict[str, Any]:
+        return {k: v for stage in self._local for k, v in stage.state_dict().items()}
+
+    def state_keys(self, module: nn.Module | None) -> set[str]:
+        return set(self._root_keys)
+
+    def load_local_state(self, module: nn.Module | None, state_dict: dict[str, Any]) -> None:
+        for stage in self._local:
+            stage.load_state_dict({k: state_dict[k] for k in stage.state_dict()})
+
     def module_state(self, module: nn.Module) -> Any:
         return self.full_state_dict()
 
@@ -430,11 +483,9 @@ class Pipeline(Distributed, PipelineSchedule):
         groups, names = self._group_layout(optimizer)
         local_sd = optimizer.state_dict()
         flat = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
-        state = {
-            flat[i]: {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in st.items()}
-            for i, st in local_sd["state"].items()
-        }
-        parts = self._gather_to_main(state)
+        # FSDP stages: each state tensor made whole over the stage's replicas (collective, same order on all)
+        mine = {flat[i]: state.gather_full(dict(st), keep=True) for i, st in local_sd["state"].items()}
+        parts = self._gather_to_main(mine)
         if parts is None:
             return None
         index = {n: i for i, n in enumerate(n for g in groups for n in g)}
@@ -453,14 +504,9 @@ class Pipeline(Distributed, PipelineSchedule):
                 "build the optimizer the same way (same parameter groups) as when the checkpoint was saved.",
             )
         index = {n: i for i, n in enumerate(n for g in groups for n in g)}
-        local_state, local_groups, i = {}, [], 0
-        for g, saved in zip(optimizer.param_groups, saved_groups):
-            ids = []
-            for p in g["params"]:
-                saved_state = state_dict["state"].get(index[names[id(p)]])
-                if saved_state is not None:
-                    local_state[i] = saved_state
-                ids.append(i)
-                i += 1
-            local_groups.append({**{k: v for k, v in saved.items() if k != "params"}, "params": ids})
-        optimizer.load_state_dict({"state": local_state, "param_groups": local_groups})
+        named = {
+            "state": {n: state_dict["state"][index[n]] for n in names.values() if index[n] in state_dict["state"]},
+            "param_groups": [{**{k: v for k, v in saved.items() if k != "params"}, "params": g}
+                             for saved, g in zip(saved_groups, groups)],
+        }
+        state.load_named_optimizer(optimizer, named, names, self.named_parameters(None))
