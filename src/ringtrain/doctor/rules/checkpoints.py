@@ -9,6 +9,7 @@ from ..nodes import callee_name, keyword
 from ..ranks import mentions_a_rank, per_rank_path, singles_out_one_rank
 from ..script import Script
 from .loaders import bindings
+from .sharding import writes_shards
 
 
 def _per_rank_path(script: Script, path: ast.AST | None) -> bool:
@@ -24,6 +25,8 @@ def save_every_rank(script: Script) -> Iterator[tuple]:
             continue
         if script.guarded(call, mentions_a_rank) is not False:
             continue  # guarded, or in a function this file never calls: nothing to justify a report
+        if writes_shards(script, call):
+            continue  # a state that differs per rank: save-sharded-every-rank reports it, as an error
         yield (call,
                "torch.save runs on every rank: all processes write the same file at once (a torn or corrupt "
                "checkpoint, and world-size times the I/O)",
