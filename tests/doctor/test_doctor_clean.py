@@ -1,7 +1,7 @@
 """No finding on correct scripts: every file of examples/, and reference scripts written in
 the shapes people copy (PyTorch's DDP tutorial series, the ImageNet example, Horovod's
-recipe, accumulation with no_sync). Each reference script is also broken on purpose, one
-line at a time, to show the rules do look at it."""
+recipe, accumulation with no_sync, FSDP2 as pytorch/examples shards). Each reference script
+is also broken on purpose, one line at a time, to show the rules do look at it."""
 
 from __future__ import annotations
 
@@ -37,6 +37,15 @@ def test_reference_scripts_are_clean(path):
     assert findings == [], findings_text(findings)
 
 
+_SHARDING = ("    for layer in model.layers:\n        fully_shard(layer, **fsdp_kwargs)\n"
+             "    fully_shard(model, **fsdp_kwargs)\n")
+_OPTIMIZER = "    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+_REST = ("    model.to_empty(device=device)\n    for module in model.modules():\n"
+         "        if hasattr(module, \"reset_parameters\"):\n            module.reset_parameters()\n\n")
+_SHARD_THEN_OPTIMIZER = _SHARDING + _REST + _OPTIMIZER
+_OPTIMIZER_THEN_SHARD = _OPTIMIZER + _SHARDING + _REST
+
+
 @pytest.mark.parametrize(
     "name, correct, broken, rule",
     [
@@ -52,6 +61,11 @@ def test_reference_scripts_are_clean(path):
          "contextlib.nullcontext()", "accumulate-no-sync"),
         ("accumulate_amp_syncbn.py", "        dist.all_reduce(stats)\n        if dist.get_rank() == 0:\n",
          "        if dist.get_rank() == 0:\n            dist.all_reduce(stats)\n", "collective-on-one-rank"),
+        ("fsdp2_train.py", _SHARD_THEN_OPTIMIZER, _OPTIMIZER_THEN_SHARD, "optimizer-before-shard"),
+        ("fsdp2_train.py", "        model_state = self._full_model_state(model)\n",
+         "        model_state = self._full_model_state(model) if dist.get_rank() == 0 else None\n",
+         "sharded-state-on-one-rank"),
+        ("fsdp2_train.py", "        dcp.save(state, checkpoint_id=", "        torch.save(state, ", "save-sharded-every-rank"),
     ],
 )
 def test_breaking_a_reference_script_is_noticed(name, correct, broken, rule):

@@ -43,9 +43,19 @@ def concept_of_last_call(source: str) -> str | None:
         ("from horovod import torch as hvd\nhvd.size()", "hvd.size"),
         ("import ringtrain.horovod as hvd\nhvd.DistributedOptimizer(opt)", "hvd.DistributedOptimizer"),
         ("import torch.multiprocessing as mp\nmp.spawn(main, nprocs=2)", "spawn"),
+        ("from torch.distributed.fsdp import fully_shard\nfully_shard(layer)", "fully_shard"),
+        ("from torch.distributed._composable.fsdp import fully_shard as shard\nshard(m)", "fully_shard"),
+        ("import torch.distributed.fsdp as F\nF.fully_shard(m)", "fully_shard"),
+        ("from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\nFSDP(m)", "FSDP"),
+        ("import torch\ntorch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel(m)", "FSDP"),
+        ("from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\nFSDP.optim_state_dict(m, o)",
+         "FSDP.optim_state_dict"),
+        ("from torch.distributed.checkpoint import state_dict as S\nS.get_model_state_dict(m)", "get_model_state_dict"),
         # A snippet that never imports `torch` or `dist` means the usual ones.
         ("torch.save(x, 'a.pt')", "save"),
         ("dist.init_process_group('nccl')", "init_process_group"),
+        ("fully_shard(model)", "fully_shard"),
+        ("model = FSDP(model)", "FSDP"),
     ],
 )
 def test_aliases_resolve_to_the_torch_object(source, concept):
@@ -122,3 +132,37 @@ def test_self_attributes_belong_to_their_class():
     use = next(n for n in s.nodes if isinstance(n, ast.Attribute) and n.attr == "loader" and n.lineno == 5)
     (value,) = s.values(use)
     assert isinstance(value, ast.Call) and value.func.id == "build"
+
+
+def test_arguments_reach_a_parameter_through_calls_and_class_construction():
+    s = script(
+        "def save(state, path):\n"
+        "    write(state)\n"
+        "class T:\n"
+        "    def __init__(self, model):\n"
+        "        self.model = model\n"
+        "save({'a': 1}, 'p')\n"
+        "T(net)\n"
+        "torch.save(x, 'q')\n"
+    )
+    (state,) = s.arguments(name_at(s, 2, "state"))
+    assert isinstance(state, ast.Dict)
+    (model,) = s.arguments(name_at(s, 5, "model"))
+    assert model.id == "net"
+    # torch.save(...) is torch's, never this file's `def save`
+    assert [c.lineno for c in s.callers(s.defs["save"][0])] == [6]
+
+
+def test_returned_values_and_items_stored_by_subscript():
+    s = script(
+        "def build():\n"
+        "    return make()\n"
+        "model = build()\n"
+        "ckpt = {}\n"
+        "ckpt['model'] = model.state_dict()\n"
+    )
+    call = next(n for n in s.nodes if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "build")
+    (value,) = s.returned(call)
+    assert value.func.id == "make"
+    (stored,) = s.stored_items[(s.tree, "ckpt")]
+    assert stored.func.attr == "state_dict"

@@ -37,7 +37,7 @@ object per finding with ``file``, ``line``, ``rule``, ``message``, ``hint`` and 
 
 Severities: ``error`` — the script crashes or hangs; ``warning`` — it runs but trains,
 saves or reports wrongly, or slower than it should; ``note`` — a fact about its semantics
-worth knowing (DataParallel's batch size, Horovod's learning-rate scaling).
+worth knowing (DataParallel's batch size, Horovod's learning-rate scaling, FSDP1).
 
 Rules
 -----
@@ -84,6 +84,17 @@ Each finding is reported at the line to change; ``--list-rules`` prints this lis
     hvd-lr-scale              note     at the optimizer: the Horovod learning rate is never multiplied by
                                        hvd.size() (and the global batch is not kept fixed either)
     dataparallel-batch        note     at nn.DataParallel: its batch_size is global; DDP's is per process
+    optimizer-before-shard    error    at the optimizer: built on the model's parameters before fully_shard
+                                       (or FullyShardedDataParallel without use_orig_params=True) replaces
+                                       them: it updates tensors the model no longer uses
+    sharded-state-on-one-rank error    at model.state_dict() / get_model_state_dict / FSDP.optim_state_dict
+                                       of a sharded model, only under a rank-0 check: gathering is a
+                                       collective (a hang), and FSDP2's sharded state saved there is 1/world
+    save-sharded-every-rank   error    at torch.save on every rank, to one path, of FSDP2 DTensor shards (or
+                                       a full_state_dict + cpu_offload state, empty off rank 0): each rank
+                                       overwrites the file with its own piece (save-every-rank then stays quiet)
+    fsdp1-api                 note     at the first FullyShardedDataParallel (or FSDP1 config): torch's docs
+                                       recommend FSDP2's fully_shard and give a migration guide
 
 What it cannot see
 ------------------

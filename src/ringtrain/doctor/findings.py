@@ -77,4 +77,12 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "Horovod learning rate not scaled with hvd.size()"),
     Rule("dataparallel-batch", "note",
          "nn.DataParallel splits each batch across GPUs; DDP's batch_size is per process"),
+    Rule("optimizer-before-shard", "error",
+         "the optimizer is built before fully_shard (or FSDP1's wrap) replaces the model's parameters"),
+    Rule("sharded-state-on-one-rank", "error",
+         "a sharded model's state dict taken on rank 0 only: a collective that hangs, or a partial checkpoint"),
+    Rule("save-sharded-every-rank", "error",
+         "every rank torch.saves its own shard of a sharded state dict to one path"),
+    Rule("fsdp1-api", "note",
+         "FSDP1 (FullyShardedDataParallel) where FSDP2's fully_shard serves"),
 )}

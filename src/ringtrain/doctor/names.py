@@ -14,6 +14,12 @@ from __future__ import annotations
 
 import ast
 
+# FSDP1's wrapper class: FullyShardedDataParallel(module, auto_wrap_policy=..., ...).
+FSDP1_CLASS = (
+    "torch.distributed.fsdp.FullyShardedDataParallel",
+    "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
+)
+
 # The same object under several public paths; every path maps to one concept name.
 CONCEPTS: dict[str, tuple[str, ...]] = {
     "DistributedSampler": (
@@ -60,6 +66,19 @@ CONCEPTS: dict[str, tuple[str, ...]] = {
         "torch.multiprocessing.start_processes",
         "torch.multiprocessing.spawn.spawn",
     ),
+    # Sharded training. FSDP2 (fully_shard) also lives under its pre-2.6 path, torch.distributed._composable.
+    "fully_shard": (
+        "torch.distributed.fsdp.fully_shard",
+        "torch.distributed.fsdp._fully_shard.fully_shard",
+        "torch.distributed.fsdp._fully_shard._fully_shard.fully_shard",
+        "torch.distributed._composable.fsdp.fully_shard",
+        "torch.distributed._composable.fsdp.fully_shard.fully_shard",
+    ),
+    "FSDP": FSDP1_CLASS,
+    "get_model_state_dict": ("torch.distributed.checkpoint.state_dict.get_model_state_dict",),
+    "get_optimizer_state_dict": ("torch.distributed.checkpoint.state_dict.get_optimizer_state_dict",),
+    "get_state_dict": ("torch.distributed.checkpoint.state_dict.get_state_dict",),
+    "StateDictOptions": ("torch.distributed.checkpoint.state_dict.StateDictOptions",),
     "hvd.DistributedOptimizer": ("horovod.torch.DistributedOptimizer",),
     "hvd.size": ("horovod.torch.size", "horovod.torch.local_size"),
     "hvd.init": ("horovod.torch.init",),
@@ -79,6 +98,9 @@ HOROVOD_COLLECTIVES = ("allreduce", "allreduce_", "allgather", "broadcast", "bro
                        "reducescatter", "grouped_allreduce", "broadcast_object", "allgather_object")
 for _op in HOROVOD_COLLECTIVES:
     CONCEPTS["collective.hvd." + _op] = ("horovod.torch." + _op,)
+# FSDP1's optimizer-state gatherers, static methods of the wrapper class: collectives too.
+for _op in ("optim_state_dict", "full_optim_state_dict", "sharded_optim_state_dict"):
+    CONCEPTS["FSDP." + _op] = tuple(f"{cls}.{_op}" for cls in FSDP1_CLASS)
 
 CONCEPT_OF: dict[str, str] = {path: concept for concept, paths in CONCEPTS.items() for path in paths}
 
@@ -94,6 +116,9 @@ CUSTOMARY = {
     "DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel",
     "DistributedSampler": "torch.utils.data.distributed.DistributedSampler",
     "DataLoader": "torch.utils.data.DataLoader",
+    "fully_shard": "torch.distributed.fsdp.fully_shard",
+    "FullyShardedDataParallel": "torch.distributed.fsdp.FullyShardedDataParallel",
+    "FSDP": "torch.distributed.fsdp.FullyShardedDataParallel",
 }
 
 

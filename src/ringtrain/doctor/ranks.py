@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import re
 
-from .nodes import identifiers, is_const
+from .nodes import callee_name, identifiers, is_const
 
 # Identifiers that name "which process am I": rank, local_rank, get_rank, is_main_process,
 # is_master, global_zero (Lightning), ...
@@ -25,6 +25,8 @@ _MAIN_FLAG = re.compile(r"^(is_)?((main|master|primary|chief|leader|root)(_proce
                         r"|global_zero|rank_?zero|rank_?0)$")
 # Decorators that run a function on rank 0 only (Lightning's @rank_zero_only and look-alikes).
 _RANK_ZERO_DECORATOR = re.compile(r"rank_zero|main_process|master_only|rank0|only_main")
+# Names in a file path that make it one file per process: f"ckpt_rank{rank}.pt", shard_{local_rank}.
+_PER_RANK_PATH = re.compile(r"rank|gpu|device|proc|worker|local|pid|shard")
 
 
 def _tokens_match(expr: ast.AST, pattern: re.Pattern) -> bool:
@@ -75,3 +77,16 @@ def decorator_guards(decorator: ast.expr) -> bool:
     """``@rank_zero_only``: the decorated function runs on rank 0 only."""
     target = decorator.func if isinstance(decorator, ast.Call) else decorator
     return _tokens_match(target, _RANK_ZERO_DECORATOR)
+
+
+def per_rank_path(options: list[ast.AST | None]) -> bool:
+    """Is a save path (any of the expressions it may come from) one file per process,
+    ``f"ckpt_rank{rank}.pt"``? A BytesIO is no file at all."""
+    for origin in options:
+        if origin is None:
+            continue
+        if any(_PER_RANK_PATH.search(name.lower()) for name in identifiers(origin)):
+            return True
+        if isinstance(origin, ast.Call) and callee_name(origin) in ("BytesIO", "StringIO"):
+            return True
+    return False

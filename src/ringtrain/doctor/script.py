@@ -14,8 +14,8 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 
-from .names import Names
-from .nodes import callee_name, dotted, identifiers, iterated, position
+from .names import CONCEPT_OF, Names
+from .nodes import callee_name, dotted, identifiers, iterated, keyword, position
 from .ranks import decorator_guards
 
 FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
@@ -45,9 +45,10 @@ class Script:
             if isinstance(node, ast.Call):
                 self.calls.append(node)
                 name = callee_name(node)
-                if name:
+                path = self.names.path(node.func)
+                if name and path is None:  # `torch.save(...)` never runs this file's `def save`
                     self._callers[name].append(node)
-                concept = self.names.concept(node)
+                concept = CONCEPT_OF.get(path) if path else None
                 if concept:
                     self.concept_calls[concept].append(node)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -133,6 +134,58 @@ class Script:
                 if isinstance(arg, (ast.Name, ast.Attribute)):
                     for key in self.aliases(arg):
                         index[key].append((call, arg))
+        return index
+
+    def call_sites(self, fn: ast.AST) -> list[ast.Call]:
+        """Like :meth:`callers`, and a class's ``__init__`` is reached by calling the class."""
+        cls = self.parent.get(fn)
+        if isinstance(fn, ast.FunctionDef) and fn.name == "__init__" and isinstance(cls, ast.ClassDef):
+            return [c for c in self._callers.get(cls.name, []) if not self.inside(c, cls)]
+        return self.callers(fn)
+
+    def arguments(self, expr: ast.AST) -> list[ast.expr]:
+        """What a function parameter receives: the matching argument at each call of its function
+        in this file (``state`` in ``def save(state, path)`` called as ``save({...}, p)``); empty for
+        anything but a parameter that the function never reassigns."""
+        key = self.scope_of(expr) if isinstance(expr, ast.Name) else None
+        fn = key[0] if key else None
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or self.assignments.get(key):
+            return []
+        positional = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+        if expr.id not in positional and expr.id not in {a.arg for a in fn.args.kwonlyargs}:
+            return []
+        method = isinstance(self.parent.get(fn), ast.ClassDef)
+        bound = 1 if method and positional and positional[0] in ("self", "cls") else 0
+        index = positional.index(expr.id) - bound if expr.id in positional[bound:] else None
+        found = []
+        for call in self.call_sites(fn):
+            value = keyword(call, expr.id, index)
+            if value is not None:
+                found.append(value)
+        return found
+
+    def returned(self, call: ast.Call) -> list[ast.expr]:
+        """What a call of a function of this file may return: its ``return`` expressions."""
+        return [value for fn in self.callees(call) for value in self._returns.get(fn, ())]
+
+    @functools.cached_property
+    def _returns(self) -> dict[ast.AST, list[ast.expr]]:
+        index: dict[ast.AST, list[ast.expr]] = defaultdict(list)
+        for node in self.nodes:
+            if isinstance(node, ast.Return) and node.value is not None:
+                index[self.function_of(node)].append(node.value)
+        return index
+
+    @functools.cached_property
+    def stored_items(self) -> dict[tuple[ast.AST, str], list[ast.expr]]:
+        """Binding -> the values stored into it by subscript (``ckpt["model"] = model.state_dict()``)."""
+        index: dict[tuple[ast.AST, str], list[ast.expr]] = defaultdict(list)
+        for node in self.nodes:
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    key = self.scope_of(target.value) if isinstance(target, ast.Subscript) else None
+                    if key is not None:
+                        index[key].append(node.value)
         return index
 
     def callees(self, call: ast.Call) -> list[ast.AST]:
@@ -256,6 +309,17 @@ class Script:
                 return [o for v in vals for o in self.origins(v, depth - 1)]
         return [expr]
 
+    def built_from(self, expr: ast.AST) -> list[ast.expr | None]:
+        """``expr``, what it may come from, and what the names inside it may hold, through
+        assignments and a helper's arguments: all a path like ``os.path.join(folder, name)`` is made of."""
+        found = [expr, *self.origins(expr)]
+        for node in ast.walk(expr):
+            if isinstance(node, ast.Name):
+                found += self.origins(node)
+                for argument in self.arguments(node):
+                    found += [argument, *self.origins(argument)]
+        return found
+
     def aliases(self, expr: ast.AST, depth: int = 6) -> set[tuple[ast.AST, str]]:
         """The bindings ``expr`` names, directly or through plain ``a = b`` assignments and
         loop names (``for loader in (train_loader, val_loader)``)."""
@@ -324,9 +388,9 @@ class Script:
         return any(self.concept_calls.get(c) for c in concepts)
 
     def is_distributed(self) -> bool:
-        """Does the script run as several processes (torch.distributed, DDP, Horovod, spawn)?"""
+        """Does the script run as several processes (torch.distributed, DDP, FSDP, Horovod, spawn)?"""
         if self.has_concept("init_process_group", "DDP", "DistributedSampler", "spawn", "hvd.init",
-                            "hvd.DistributedOptimizer"):
+                            "hvd.DistributedOptimizer", "fully_shard", "FSDP"):
             return True
         return any(self.names.is_horovod(c.func) for c in self.calls)
 

@@ -2,7 +2,7 @@
 
 The node decides the reported line (and the lines a ``# ringtrain: ignore[rule]`` comment
 may sit on). Grouped by what they look at: data loading, checkpoints, the model wrap,
-the process group, metrics, Horovod.
+the process group, metrics, Horovod, sharded training (FSDP).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from ..script import Script
-from . import checkpoints, data, horovod, metrics, model, process_group
+from . import checkpoints, data, horovod, metrics, model, process_group, sharding
 
 Report = tuple  # (ast node, message, hint)
 Check = Callable[[Script], Iterable[Report]]
@@ -35,4 +35,8 @@ CHECKS: dict[str, Check] = {
     "hvd-broadcast": horovod.hvd_broadcast,
     "hvd-lr-scale": horovod.hvd_lr_scale,
     "dataparallel-batch": model.dataparallel_batch,
+    "optimizer-before-shard": sharding.optimizer_before_shard,
+    "sharded-state-on-one-rank": sharding.sharded_state_on_one_rank,
+    "save-sharded-every-rank": sharding.save_sharded_every_rank,
+    "fsdp1-api": sharding.fsdp1_api,
 }

@@ -3,29 +3,18 @@
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Iterator
 
-from ..nodes import callee_name, identifiers, keyword
-from ..ranks import mentions_a_rank, singles_out_one_rank
+from ..nodes import callee_name, keyword
+from ..ranks import mentions_a_rank, per_rank_path, singles_out_one_rank
 from ..script import Script
 from .loaders import bindings
-
-_PER_RANK_PATH = re.compile(r"rank|gpu|device|proc|worker|local|pid|shard")
+from .sharding import writes_shards
 
 
 def _per_rank_path(script: Script, path: ast.AST | None) -> bool:
-    """``f"ckpt_rank{rank}.pt"``: each rank writes its own file on purpose; a BytesIO is no file."""
-    if path is None:
-        return False
-    for origin in script.origins(path) + [path]:
-        if origin is None:
-            continue
-        if any(_PER_RANK_PATH.search(name.lower()) for name in identifiers(origin)):
-            return True
-        if isinstance(origin, ast.Call) and callee_name(origin) in ("BytesIO", "StringIO"):
-            return True
-    return False
+    """``f"ckpt_rank{rank}.pt"``: each rank writes its own file on purpose."""
+    return path is not None and per_rank_path(script.built_from(path))
 
 
 def save_every_rank(script: Script) -> Iterator[tuple]:
@@ -36,6 +25,8 @@ def save_every_rank(script: Script) -> Iterator[tuple]:
             continue
         if script.guarded(call, mentions_a_rank) is not False:
             continue  # guarded, or in a function this file never calls: nothing to justify a report
+        if writes_shards(script, call):
+            continue  # a state that differs per rank: save-sharded-every-rank reports it, as an error
         yield (call,
                "torch.save runs on every rank: all processes write the same file at once (a torn or corrupt "
                "checkpoint, and world-size times the I/O)",
