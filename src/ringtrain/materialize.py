@@ -35,8 +35,10 @@ from .state import global_shape, is_sharded
 
 
 def on_meta(module: nn.Module) -> bool:
-    """Does ``module`` hold any tensor on the meta device (shapes without storage)?"""
-    return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
+    """Was ``module`` built on the meta device: every tensor shapes without storage? (A model only partly
+    on meta — ``rt.split`` onto a meta stand-in device — is not.)"""
+    tensors = [*module.parameters(), *module.buffers()]
+    return bool(tensors) and all(t.is_meta for t in tensors)
 
 
 def _own(module: nn.Module) -> list[tuple[str, torch.Tensor]]:

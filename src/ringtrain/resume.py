@@ -116,6 +116,11 @@ class Resumer:
             self._async = sharded.AsyncSave(self.strategy.checkpoint_group())
         self._async.start(staging, tensors, done)
 
+    @property
+    def saving(self) -> bool:
+        """Is an asynchronous checkpoint being written right now (on this rank)?"""
+        return self._async is not None and self._async.in_flight
+
     def flush(self) -> None:
         """Wait for an asynchronous save still being written; a failure raises on every rank."""
         if self._async is None:

@@ -30,12 +30,6 @@ from .strategies._group import as_timeout
 DEFAULT_TIMEOUT_S = 1800.0
 
 
-def _is_fsdp(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
 class Ring:
     """Everything a training loop needs to run on one device or many, unchanged.
 
@@ -156,20 +150,7 @@ class Ring:
         scaler; the scheduler steps only after a real step. ``options`` go to the strategy that
         understands them (DDP's ``find_unused_parameters``...); the others ignore them.
         """
-        unknown = set(options) - strategies.module_options()
-        if unknown:
-            raise RingtrainError(f"ring.setup got unknown option(s) {sorted(unknown)}",
-                                 f"the options strategies take are {sorted(strategies.module_options())}.")
-        if not isinstance(model, nn.Module):
-            raise RingtrainError(f"ring.setup got a {type(model).__name__}, not an nn.Module", "pass your model.")
-        if self.strategy.unwrap(model) is not model or isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)) \
-                or _is_fsdp(model):
-            raise RingtrainError(
-                f"ring.setup got a model already wrapped in {type(model).__name__}",
-                "pass the plain model: the ring wraps it for the strategy it runs.",
-            )
-        if scheduler is not None and optimizer is None:
-            raise RingtrainError("ring.setup got a scheduler without its optimizer", "pass ring.setup(model, optimizer, scheduler).")
+        strategies.check_setup(self.strategy, model, optimizer, scheduler, options)
         if self.sync_batchnorm:
             from .syncbn import convert_sync_batchnorm
 

@@ -142,9 +142,12 @@ def test_sync_bn_trains_with_synchronised_batchnorm_in_every_mode(syncbn):
     for mode in ("single", "ddp", "raw-ddp"):
         assert runs[mode]["norm_layers"] == ["ringtrain.syncbn.SyncBatchNorm"], (mode, runs[mode]["norm_layers"])
     # Statistics over the global batch: 2 ranks x 16 train the model 1 process x 32 trains. Measured in this
-    # configuration: equal to the last digit with --sync-bn, 5.6e-4 apart (relative) with per-rank BatchNorm.
+    # configuration, relative to single: on one CPU (Intel) equal to the last digit with --sync-bn and 5.6e-4
+    # apart with per-rank BatchNorm; on another (AMD EPYC, 2026-11) 2.2e-4 with --sync-bn (float rounding of
+    # 3 SGD steps, different kernels) and 1.5e-3 with per-rank BatchNorm. The exact equivalence of the layer
+    # itself is tests/test_syncbn.py's; here a bound that per-rank statistics exceed on both.
     single, ddp, raw = (runs[m]["final_loss"] for m in ("single", "ddp", "raw-ddp"))
-    assert ddp == pytest.approx(single, rel=5e-5) and raw == pytest.approx(ddp, rel=1e-6)
+    assert ddp == pytest.approx(single, rel=5e-4) and raw == pytest.approx(ddp, rel=1e-6)
     assert syncbn["json"]["meta"]["config"]["sync_bn"] is True
     skipped = [r for r in syncbn["json"]["rows"] if r["mode"] == "pipeline"]
     assert skipped[0]["status"] == "skipped" and "sync_batchnorm" in skipped[0]["reason"]

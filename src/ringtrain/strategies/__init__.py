@@ -14,6 +14,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
 from ..environments import Environment
 from ..errors import RingtrainError
 from .base import BackwardSyncControl, Distributed, PipelineSchedule, Strategy
@@ -36,7 +39,7 @@ NAMES = ("auto", *REGISTRY)
 
 __all__ = [
     "BackwardSyncControl", "DDP", "DataParallel", "Distributed", "FSDP", "Horovod", "Pipeline", "PipelineSchedule",
-    "REGISTRY", "Single", "Strategy", "module_options", "resolve",
+    "REGISTRY", "Single", "Strategy", "check_setup", "module_options", "resolve",
 ]
 
 
@@ -96,6 +99,25 @@ def _from_legacy(name: str, options: dict[str, Any]) -> Strategy:
         advice = f"write Ring(strategy=rt.strategies.{cls.__name__}({spelled}))"
     warnings.warn(f"Ring({spelled}) is deprecated: {advice}.", DeprecationWarning, stacklevel=4)
     return made
+
+
+def check_setup(strategy: Strategy, model: Any, optimizer: Any, scheduler: Any, options: dict[str, Any]) -> None:
+    """``ring.setup``'s arguments, checked before anything is moved or wrapped."""
+    unknown = set(options) - module_options()
+    if unknown:
+        raise RingtrainError(f"ring.setup got unknown option(s) {sorted(unknown)}",
+                             f"the options strategies take are {sorted(module_options())}.")
+    if not isinstance(model, nn.Module):
+        raise RingtrainError(f"ring.setup got a {type(model).__name__}, not an nn.Module", "pass your model.")
+    from torch.distributed.fsdp import FSDPModule
+
+    if strategy.unwrap(model) is not model or isinstance(model, (nn.DataParallel, DistributedDataParallel, FSDPModule)):
+        raise RingtrainError(
+            f"ring.setup got a model already wrapped in {type(model).__name__}",
+            "pass the plain model: the ring wraps (or shards) it for the strategy it runs.",
+        )
+    if scheduler is not None and optimizer is None:
+        raise RingtrainError("ring.setup got a scheduler without its optimizer", "pass ring.setup(model, optimizer, scheduler).")
 
 
 def module_options() -> frozenset[str]:

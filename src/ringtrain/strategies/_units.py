@@ -5,10 +5,11 @@ units decide the peak memory (the largest unit, whole, beside everyone's shards)
 communication overlaps with computation. torch's FSDP2 leaves the choice to the caller
 (``fully_shard`` per block, then the root); this module makes it:
 
-* ``"auto"`` (default): the *repeated blocks* — modules of one class that appear two or more
-  times in an ``nn.Sequential``, ``nn.ModuleList`` or ``nn.ModuleDict`` (transformer layers,
-  ResNet blocks, an MLP's Linears) — outermost first, then any remaining direct child of the
-  model holding at least ``1/8`` of its parameters (an embedding, a large head);
+* ``"auto"`` (default): the *repeated blocks* — modules of one class (containers: of one
+  structure) that appear two or more times in an ``nn.Sequential``, ``nn.ModuleList`` or
+  ``nn.ModuleDict`` (transformer layers, ResNet blocks, an MLP's Linears, Sequential blocks) —
+  outermost first, then any remaining direct child of the model holding at least ``1/8`` of its
+  parameters (an embedding, a large head);
 * a list of classes: every outermost module of those classes (Fabric/Accelerate's
   ``transformer_layer_cls``);
 * a callable ``wrap(name, module) -> bool``: the modules it accepts (outermost and nested);
@@ -53,6 +54,15 @@ def _shares_parameters(root: nn.Module) -> Callable[[str], bool]:
     return shares
 
 
+def _kind(module: nn.Module) -> Any:
+    """What makes two modules "the same block": their class; for a container (an nn.Sequential block),
+    its whole structure — classes and parameter shapes — since every container has the same class."""
+    if not isinstance(module, _CONTAINERS):
+        return type(module)
+    return (type(module), tuple((type(m), tuple(tuple(p.shape) for p in m.parameters(recurse=False)))
+                                for m in module.modules()))
+
+
 def _outermost(names: list[str]) -> list[str]:
     chosen: list[str] = []
     for name in sorted(names, key=lambda n: n.count(".")):
@@ -69,9 +79,9 @@ def choose(root: nn.Module, wrap: Any) -> list[str]:
         return []
     if wrap == "auto":
         in_containers = [(f"{n}.{c}" if n else c, child) for n, m in modules.items() if isinstance(m, _CONTAINERS)
-                         for c, child in m.named_children() if not isinstance(child, _CONTAINERS) and _count(child)]
-        repeated = Counter(type(child) for _, child in in_containers)
-        picked = _outermost([n for n, child in in_containers if repeated[type(child)] >= 2 and not shares(n)])
+                         for c, child in m.named_children() if _count(child)]
+        repeated = Counter(_kind(child) for _, child in in_containers)
+        picked = _outermost([n for n, child in in_containers if repeated[_kind(child)] >= 2 and not shares(n)])
         total = _count(root)
         for name, child in root.named_children():
             large = total and _count(child) >= total * LARGE_SHARE
