@@ -14,7 +14,13 @@ with torch imported and a group joined — that base is shown beside it).
 Two ways to build the model: **normal** — every rank builds it whole on the CPU (as DDP
 scripts do), ``ring.setup`` shards it; **meta** — built under ``torch.device("meta")``, sharded,
 then only this rank's shards are allocated and initialised (materialize.py). The bound the issue
-sets: held bytes <= 1.1 x (full / W) + the largest unit (one block, whole).
+sets: held bytes <= 1.1 x (full / W) + the largest unit (one block, whole). ``--strategy ddp``
+measures the same model under DDP (every rank holds everything) for comparison.
+
+On the CPU, glibc's malloc keeps freed large buffers in its heap (FSDP gathers and frees a whole
+unit per layer per step), so the process's RSS stays above what it holds;
+``MALLOC_MMAP_THRESHOLD_=65536 python benchmarks/fsdp_memory.py`` makes large buffers go back to
+the system when freed, and the peak then tracks the held state plus about one unit.
 """
 
 from __future__ import annotations
@@ -55,9 +61,9 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def measure(width: int, depth: int, meta: bool, batch: int) -> dict:
+def measure(width: int, depth: int, meta: bool, batch: int, strategy: str = "fsdp") -> dict:
     torch.set_num_threads(1)
-    ring = rt.Ring(strategy=rt.strategies.FSDP(), seed=0)
+    ring = rt.Ring(strategy=rt.strategies.FSDP() if strategy == "fsdp" else strategy, seed=0)
     gc.collect()
     base = _rss_mib()
     with open("/proc/self/clear_refs", "w") as f:  # reset the peak RSS high-water mark (proc(5))
@@ -85,7 +91,7 @@ def measure(width: int, depth: int, meta: bool, batch: int) -> dict:
     }
     out = {"rank": ring.rank, "world": ring.world_size, "meta": meta, "held": held, "held_total": sum(held.values()),
            "base_rss_mib": base, "peak_rss_mib": _peak_mib(), "setup_s": setup_s, "step_s": step_s,
-           "units": len(ring.strategy.units)}
+           "units": len(getattr(ring.strategy, "units", []))}
     ring.close()
     return out
 
@@ -97,6 +103,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--worlds", default="1,2,4")
     parser.add_argument("--meta-only", action="store_true")
+    parser.add_argument("--strategy", default="fsdp", help="fsdp, or ddp for the unsharded comparison")
     parser.add_argument("--json", help="write the rows here too")
     args = parser.parse_args()
     model = make_model(args.width, args.depth)
@@ -111,13 +118,15 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     rows = []
     for world in (int(w) for w in args.worlds.split(",")):
-        for meta in ((True,) if args.meta_only else (False, True)):
-            got = rt.launch(measure, world, args=(args.width, args.depth, meta, args.batch), timeout=1800)
+        for meta in ((True,) if args.meta_only else (False,) if args.strategy != "fsdp" else (False, True)):
+            got = rt.launch(measure, world, args=(args.width, args.depth, meta, args.batch, args.strategy),
+                            timeout=1800)
             worst = max(got, key=lambda r: r["held_total"])
             peak = max(got, key=lambda r: r["peak_rss_mib"])
             bound = 1.1 * full / world + unit
             h = worst["held"]
-            print(f"| {world} | {'meta' if meta else 'normal'} | {worst['held_total'] / 2**20:.0f} "
+            build = ("meta" if meta else "normal") + ("" if args.strategy == "fsdp" else f" ({args.strategy})")
+            print(f"| {world} | {build} | {worst['held_total'] / 2**20:.0f} "
                   f"({h['params'] / 2**20:.0f}/{h['grads'] / 2**20:.0f}/{h['optimizer'] / 2**20:.0f}) | "
                   f"{bound / 2**20:.0f} | {peak['base_rss_mib']:.0f} | {peak['peak_rss_mib'] - peak['base_rss_mib']:.0f} | "
                   f"{peak['peak_rss_mib']:.0f} | {max(r['setup_s'] for r in got):.1f} | "

@@ -28,7 +28,7 @@ the pieces its own layout holds (a DTensor shard, a pipeline stage, the whole te
 folder written by 2 FSDP ranks loads into 3, into DDP, or into one process with no group.
 ``consolidate`` turns a folder into one plain ``torch.save`` file.
 
-**Asynchronous.** ``AsyncSave`` copies the state to CPU memory (DCP's own stager) and writes it
+**Asynchronous.** ``AsyncSave`` copies the state to CPU memory (buffers kept between saves) and writes it
 from a daemon thread over a process group of its own (Gloo), while training goes on: DCP's
 collectives on the default group would interleave with the training's and hang. A daemon
 thread never holds up the process's exit; a save cut short leaves only its staging folder.
@@ -45,6 +45,7 @@ import pickle
 import shutil
 import tempfile
 import threading
+import time
 import warnings
 from typing import Any, Callable, Iterator, Mapping
 
@@ -308,6 +309,9 @@ class AsyncSave:
         self.group = group
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._buffers: dict[str, torch.Tensor] = {}  # the staging copies, reused from save to save
+        self.staging_s = 0.0  # the last save's copy to CPU memory (the part training waits for)
+        self.write_s = 0.0  # ... and its write in the background, to the end of the rename
 
     @property
     def in_flight(self) -> bool:
@@ -315,20 +319,55 @@ class AsyncSave:
 
     def start(self, staging: str, tensors: Mapping[str, torch.Tensor], done: Callable[[], None]) -> None:
         """Copy ``tensors`` to CPU memory now, then write them in the background and call ``done()``."""
-        import torch.distributed.checkpoint as dcp
-
-        staged = dcp.FileSystemWriter(staging).stage(dict(tensors))  # DCP's stager: a CPU copy, blocking
+        start = time.perf_counter()
+        staged = self._stage(tensors)
+        self.staging_s = time.perf_counter() - start
 
         def run() -> None:
+            begun = time.perf_counter()
+            with contextlib.suppress(OSError, AttributeError):
+                # Below the training threads: on a busy CPU the write waits, not the step (Linux: per thread).
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
             try:
                 write_shards(staging, staged, self.group)
                 done()
             except BaseException as e:  # surfaced by wait() on the main thread
                 self._error = e
+            finally:
+                self.write_s = time.perf_counter() - begun
 
         self._error = None
         self._thread = threading.Thread(target=run, name="ringtrain-checkpoint", daemon=True)
         self._thread.start()
+
+    def _stage(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A CPU copy of ``tensors`` (shards stay shards), in buffers kept from one save to the next.
+
+        Fresh memory each time would cost more than the copy itself (the first touch of every page:
+        1.7 s instead of 0.2 s for 290 MiB here); the buffers are free to reuse because a save waits
+        for the previous one. The price: one CPU copy of this rank's state, held for the run.
+        """
+        from .state import is_sharded
+
+        staged: dict[str, torch.Tensor] = {}
+        on_gpu = False
+        for key, value in tensors.items():
+            local = value.to_local() if is_sharded(value) else value
+            buffer = self._buffers.get(key)
+            if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
+                buffer = torch.empty(local.shape, dtype=local.dtype, pin_memory=local.is_cuda)
+                self._buffers[key] = buffer
+            buffer.copy_(local.detach(), non_blocking=local.is_cuda)
+            on_gpu = on_gpu or local.is_cuda
+            if is_sharded(value):
+                from torch.distributed.tensor import DTensor
+
+                buffer = DTensor.from_local(buffer, value.device_mesh, value.placements, run_check=False,
+                                            shape=value.shape, stride=value.stride())
+            staged[key] = buffer
+        if on_gpu:
+            torch.cuda.synchronize()
+        return staged
 
     def wait(self) -> BaseException | None:
         """Block until the save in flight is written; its error, if it failed."""
