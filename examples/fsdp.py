@@ -85,13 +85,14 @@ def main():
     parser.add_argument("--batch-size", type=int, default=32, help="per process")
     parser.add_argument("--replicate", type=int, default=1, help="HSDP: replica groups (e.g. the number of nodes)")
     parser.add_argument("--precision", default="32", help="32 or bf16-mixed (bf16 weights in compute)")
+    parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--checkpoint", default="fsdp_ckpt")
     args = parser.parse_args()
 
     ring = rt.Ring(strategy=rt.strategies.FSDP(wrap=[Block], replicate=args.replicate), precision=args.precision, seed=0)
     with torch.device("meta"):  # shapes only: no rank ever holds the whole model
         model = ViT()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     model, optimizer = ring.setup(model, optimizer)  # shards, then allocates and initialises this rank's part
     ring.print(f"FSDP over {ring.mesh}: {sum(p.numel() for p in ViT().parameters()):,} parameters, units "
                f"{ring.strategy.units}")

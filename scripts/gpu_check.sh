@@ -106,6 +106,15 @@ step dataparallel 2 "$STEP_TIMEOUT" "strategy='dp' over the GPUs equals one devi
     "$PYTHON" -m pytest -q -p no:cacheprovider "$REPO/tests/strategies/test_dp.py" -m gpu
 step horovod-adasum 2 "$STEP_TIMEOUT" "2-rank Horovod-style job with Adasum over NCCL finishes (no deadlock)" \
     "${RUN[@]}" --horovod -np 2 "$EX/horovod_style.py" --epochs 2 --use-adasum
+step fsdp-one-gpu 1 "$STEP_TIMEOUT" "examples/fsdp.py (meta-device ViT, FSDP, bf16) in one process on cuda:0; a sharded checkpoint" \
+    "$PYTHON" "$EX/fsdp.py" --epochs 2 --precision bf16-mixed --checkpoint "$OUT/work/fsdp1"
+step fsdp-nccl 2 "$STEP_TIMEOUT" "examples/fsdp.py on 2 GPUs over NCCL (each holds half); a sharded checkpoint" \
+    "${RUN[@]}" --nproc-per-node 2 "$EX/fsdp.py" --epochs 2 --precision bf16-mixed --checkpoint "$OUT/work/fsdp2"
+step fsdp-consolidate 2 300 "ringtrain consolidate of fsdp-nccl's checkpoint into one plain file (no GPU, no group)" \
+    "$PYTHON" -m ringtrain consolidate "$OUT/work/fsdp2" "$OUT/work/fsdp2.pt"
+step bench-fsdp 1 "$BENCH_TIMEOUT" "ringtrain bench --workload mlp --modes ddp,fsdp: samples/s and peak memory per rank, sharded vs replicated" \
+    "$PYTHON" -m ringtrain bench --workload mlp --modes ddp,fsdp --nprocs "$(( GPUS >= 2 ? 2 : 1 ))" --precision 32,bf16-mixed \
+    --out "$OUT/bench-fsdp" --no-progress
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
 step bench 1 "$BENCH_TIMEOUT" "ringtrain bench $BENCH_ARGS: images/s and MFU table (H100 target: >= 25,000 images/s)" \
     bash -c "\"\$@\" > '$OUT/bench/table.txt'" bench "$PYTHON" -m ringtrain bench $BENCH_ARGS --out "$OUT/bench"

@@ -3,7 +3,7 @@
     python _failfast_jobs.py API MODE          (as a script: ringtrain run, torchrun, by hand)
     ringtrain.launch(_failfast_jobs.job, 2, args=(API, MODE))
 
-API: ``ring`` (rt.Ring, DDP), ``ring-hvd`` (rt.Ring(strategy="hvd")), ``hvd`` (the Horovod API:
+API: ``ring`` (rt.Ring, DDP), ``ring-hvd`` (rt.Ring(strategy="hvd")), ``ring-fsdp`` (rt.Ring(strategy="fsdp")), ``hvd`` (the Horovod API:
 ``import horovod.torch as hvd`` under ``ringtrain run --horovod``, ringtrain.horovod otherwise),
 ``plain`` (torch.distributed and DDP by hand, no ringtrain).
 
@@ -143,6 +143,8 @@ def job(api: str, mode: str) -> str:
         return ring_job(mode)
     if api == "ring-hvd":
         return ring_job(mode, strategy="hvd")
+    if api == "ring-fsdp":
+        return ring_job(mode, strategy="fsdp")
     if api == "hvd":
         return hvd_job(mode)
     if api == "plain":

@@ -30,6 +30,15 @@ def make_model() -> nn.Sequential:
     return nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3))
 
 
+def make_bn_model() -> nn.Sequential:
+    """BatchNorm between the Linears: with sync_batchnorm, statistics over the global batch."""
+    return nn.Sequential(nn.Linear(10, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(),
+                         nn.Linear(16, 3))
+
+
+MODELS = {"mlp": make_model, "bn": make_bn_model}
+
+
 OPTIMIZERS = {
     "sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
     "adam": lambda params: torch.optim.Adam(params, lr=0.01),
@@ -47,13 +56,15 @@ def strategy_of(case: dict):
 def fit(case: dict) -> dict | None:
     """Train one case; rank 0 gets {"model", "optimizer", "norms", "local_numel", "units", ...}."""
     ring = rt.Ring(strategy=strategy_of(case), seed=0, accumulate=case.get("accumulate", 1),
-                   precision=case.get("precision", "32"))
+                   precision=case.get("precision", "32"), device=case.get("device", "auto"),
+                   sync_batchnorm=case.get("sync_batchnorm", False))
     torch.manual_seed(0)
+    build = MODELS[case.get("model", "mlp")]
     if case.get("meta"):
         with torch.device("meta"):
-            model = make_model()
+            model = build()
     else:
-        model = make_model()
+        model = build()
     optimizer = OPTIMIZERS[case.get("optimizer", "sgd")](model.parameters())
     model, optimizer = ring.setup(model, optimizer)
     loader = ring.loader(data(), batch_size=case["batch"], shuffle=True)
@@ -114,9 +125,9 @@ def saved_files(path: str) -> list[str]:
     return sorted(os.listdir(path))
 
 
-def initial_weights() -> dict | None:
+def initial_weights(device: str = "auto", **fsdp) -> dict | None:
     """The whole state right after ring.setup of a model built on the meta device (seed 0)."""
-    ring = rt.Ring(strategy=FSDP(), seed=0)
+    ring = rt.Ring(strategy=FSDP(**fsdp), seed=0, device=device)
     with torch.device("meta"):
         model = make_model()
     model = ring.setup(model)
@@ -189,3 +200,23 @@ def refusals() -> dict:
 
 def ring_with(options: dict) -> None:
     rt.Ring(strategy=FSDP(**options))
+
+
+def nonfinite_skip() -> dict:
+    """nonfinite='skip' under FSDP: a NaN loss on rank 1 at its second batch drops that step on every rank."""
+    ring = rt.Ring(strategy=FSDP(), seed=0, nonfinite="skip")
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = ring.setup(model, optimizer)
+    for i, (x, y) in enumerate(ring.loader(data(32), batch_size=4)):
+        loss = F.cross_entropy(model(x), y)
+        if i == 1 and ring.rank == 1:
+            loss = loss * float("nan")
+        ring.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    whole = ring.strategy.module_state(model)
+    out = {"steps": ring.optimizer_steps, "skipped": ring.step_state.skipped_steps,
+           "finite": None if whole is None else all(torch.isfinite(v).all().item() for v in whole.values())}
+    ring.close()
+    return out

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -48,3 +49,21 @@ def test_pipeline_example_on_two_processes(tmp_path):
     assert "deprecated" not in text  # the example uses the current spelling
     accuracy = float(text.rsplit("held-out accuracy of the unsplit model:", 1)[1].split()[0])
     assert accuracy >= 0.9
+
+
+def test_fsdp_example_on_two_processes_and_consolidate(tmp_path):
+    """examples/fsdp.py as its docstring launches it: a meta-device ViT sharded over 2 ranks, then consolidated."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    res = subprocess.run(
+        [sys.executable, "-m", "ringtrain", "run", "--nproc-per-node", "2", os.path.join(EXAMPLES, "fsdp.py")],
+        capture_output=True, text=True, timeout=200, cwd=tmp_path, env=env,
+    )
+    text = res.stdout + res.stderr
+    assert res.returncode == 0, text[-3000:]
+    accuracy = float(text.rsplit("held-out accuracy", 1)[1].split()[0])
+    assert accuracy >= 0.85
+    assert (tmp_path / "fsdp_ckpt" / "__1_0.distcp").exists()
+    done = subprocess.run([sys.executable, "-m", "ringtrain", "consolidate", "fsdp_ckpt", "plain.pt"],
+                          capture_output=True, text=True, timeout=100, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "blocks.3.mlp.2.weight" in torch.load(tmp_path / "plain.pt", weights_only=True)["model"]

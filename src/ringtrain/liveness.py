@@ -61,6 +61,8 @@ _COLLECTIVE_FILES = (
     f"{os.sep}torch{os.sep}nn{os.sep}parallel{os.sep}distributed.py",
     f"{os.sep}ringtrain{os.sep}comm{os.sep}",
     f"{os.sep}ringtrain{os.sep}collectives.py",
+    # a sharded checkpoint: DCP's collectives, or waiting for the writer thread's (whose peers may be gone)
+    f"{os.sep}ringtrain{os.sep}sharded.py",
 )
 _BACKWARD_FILES = (f"{os.sep}torch{os.sep}autograd{os.sep}",)
 

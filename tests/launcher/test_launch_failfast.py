@@ -33,12 +33,13 @@ def _cases():
         ("ringtrain-run", "plain", "raise"), ("ringtrain-run", "plain", "return"),
         ("ringtrain-run", "hvd", "raise"), ("ringtrain-run", "hvd", "return"),
         ("ringtrain-run", "ring-hvd", "raise"),
+        ("ringtrain-run", "ring-fsdp", "raise"), ("ringtrain-run", "ring-fsdp", "kill"), ("ringtrain-run", "ring-fsdp", "return"),
         ("torchrun", "ring", "raise"), ("torchrun", "ring", "return"),
         ("launch", "ring", "memory"), ("launch", "ring", "return"), ("launch", "hvd", "exit3"),
         ("srun", "ring", "raise"), ("srun", "ring", "return"), ("srun", "ring", "kill"),
     }
     for launcher in runner.LAUNCHERS:
-        for api in ("ring", "ring-hvd", "hvd", "plain"):
+        for api in ("ring", "ring-hvd", "ring-fsdp", "hvd", "plain"):
             for mode in MODES:
                 if mode in RING_ONLY and not api.startswith("ring"):
                     continue

@@ -10,7 +10,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = ["env", "gpu-tests", "save-load-step", "fork-launch", "demo-one-gpu", "ddp-example", "syncbn-nccl",
-         "dataparallel", "horovod-adasum", "bench"]
+         "dataparallel", "horovod-adasum", "fsdp-one-gpu", "fsdp-nccl", "fsdp-consolidate", "bench-fsdp", "bench"]
 
 
 @pytest.mark.timeout(180)

@@ -32,6 +32,8 @@ CASES = {
     "meta": {"strategy": "fsdp", "batch": 4, "optimizer": "sgd", "meta": True},
     "zero2_one_unit": {"strategy": "fsdp", "batch": 4, "optimizer": "sgd",
                        "fsdp": {"reshard_after_forward": False, "wrap": None}},
+    # SyncBatchNorm over FSDP's ranks: statistics of the global batch, as one process computes them
+    "syncbn": {"strategy": "fsdp", "batch": 4, "optimizer": "sgd", "model": "bn", "sync_batchnorm": True},
 }
 FOUR = {**{k: CASES[k] for k in ("sgd", "adamw_accumulate_clip", "meta")},
         "hsdp": {"strategy": "fsdp", "batch": 4, "optimizer": "adam", "fsdp": {"replicate": 2}}}
@@ -80,9 +82,9 @@ def four_ranks(saved, two_ranks):
 
 # --- equivalence ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["sgd", "adam", "adamw_accumulate_clip", "zero2_one_unit"])
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw_accumulate_clip", "zero2_one_unit", "syncbn"])
 def test_two_ranks_equal_one_process(two_ranks, name):
-    got, ref = two_ranks[name], reference(CASES[name], 2)
+    got, ref = two_ranks[name], reference({**CASES[name], "sync_batchnorm": False}, 2)
     assert got["steps"] == ref["steps"] == 8
     assert max_diff(got["model"], ref["model"]) <= TOL
     assert optimizer_diff(got["optimizer"], ref["optimizer"]) <= TOL
@@ -126,6 +128,13 @@ def test_each_rank_holds_a_shard(two_ranks):
     assert two_ranks["sgd"]["local_numel"] == shard_numel(2) < total
     assert two_ranks["sgd"]["units"] == ["0", "2", "4"]  # the Sequential's Linears: repeated blocks
     assert two_ranks["zero2_one_unit"]["units"] == []
+
+
+def test_nonfinite_skip_drops_the_step_on_every_rank():
+    # 32 samples, 2 ranks x batch 4: 4 windows; rank 1's second loss is NaN, so that step is dropped everywhere
+    first, second = launch(jobs.nonfinite_skip)
+    assert (first["steps"], first["skipped"]) == (second["steps"], second["skipped"]) == (3, 1)
+    assert first["finite"] is True
 
 
 def test_accumulation_reduces_gradients_once_per_optimizer_step():
@@ -304,3 +313,36 @@ def test_bad_options_are_refused_with_a_hint():
 def test_replicate_must_divide_the_world():
     with pytest.raises(rt.RingtrainError, match=r"FSDP\(replicate=3\) does not divide the 2 processes"):
         launch(jobs.ring_with, {"replicate": 3})
+
+
+# --- on GPUs (skipped without CUDA; `make test-gpu`, `make gpu-check`) ------------------------------------
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_gpu_fsdp_equals_the_cpu_reference_with_and_without_offload():
+    cases = [{**CASES["adam"], "device": "cuda"}, {**CASES["adam"], "device": "cuda", "fsdp": {"offload": "cpu"}}]
+    on_gpu, offloaded = launch(jobs.fit_cases, cases, nprocs=1)[0]
+    ref = reference(CASES["adam"], 1)
+    assert max_diff(on_gpu["model"], ref["model"]) <= 1e-4  # GPU kernels round differently
+    assert max_diff(offloaded["model"], on_gpu["model"]) <= 1e-5
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_gpu_meta_init_is_the_cpu_init():
+    torch.manual_seed(0)
+    built = jobs.make_model().state_dict()
+    on_gpu = launch(jobs.initial_weights, "cuda", nprocs=1)[0]
+    assert max_diff(on_gpu, built) == 0.0  # initialised on the CPU's generator, whatever the device
+
+
+@needs_two_gpus
+@pytest.mark.gpu
+def test_two_gpus_over_nccl_equal_one_process():
+    got = launch(jobs.fit_cases, [{**CASES["adamw_accumulate_clip"], "device": "cuda"}], nprocs=2)[0][0]
+    ref = reference(CASES["adamw_accumulate_clip"], 2)
+    assert max_diff(got["model"], ref["model"]) <= 1e-4

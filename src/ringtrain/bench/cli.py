@@ -6,6 +6,7 @@ Usage:
     ringtrain bench --workload cifar-resnet18 --precision 32,bf16-mixed --epochs 1
     ringtrain bench --workload cifar-resnet18 --data ~/data/cifar-100-python
     ringtrain bench --modes ddp,raw-ddp --repeats 7            # ringtrain's overhead vs the tutorial loop
+    ringtrain bench --workload mlp --modes ddp,fsdp --nprocs 2  # sharded vs replicated: speed and peak memory
     ringtrain bench --preset gpu [--compile] [--nprocs 1,8]    # CIFAR ResNet-18 images/s and MFU on GPUs
     ringtrain bench --workload cifar-resnet18 --sync-bn --modes dp,ddp --precision 32,16-mixed   # seed 004's table
 
@@ -15,7 +16,8 @@ accuracy), cifar-resnet18 (CIFAR-100-shaped synthetic images, or the real set wi
 segmenting synthetic volumes; Dice).
 
 Modes: single, dp (one process driving >= 2 GPUs), ddp, ddp+accumulate (accumulate=k,
-micro-batch = batch / k), hvd, hvd+fp16 (Horovod-style optimizer, fp16 gradient
+micro-batch = batch / k), fsdp (sharded: each rank holds 1/W of the weights, gradients
+and optimizer state; compare its peak memory with ddp's), hvd, hvd+fp16 (Horovod-style optimizer, fp16 gradient
 compression), pipeline (2 stages x 4 micro-batches), raw-ddp (the hand-written tutorial
 DDP loop: the baseline for ringtrain's overhead). A mode that cannot run here is listed
 as SKIPPED with the reason; one that crashes as FAILED with its error.

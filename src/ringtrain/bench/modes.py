@@ -14,7 +14,9 @@ ringtrain's overhead.
 
 Every mode trains the same global batch B per optimizer step: B per step for single,
 B/devices per GPU for dp, B/W per rank for ddp/hvd/raw-ddp, B/(W k) per micro-batch with
-accumulate=k, B per pipeline replica divided among W/S replicas.
+accumulate=k, B per pipeline replica divided among W/S replicas. fsdp trains as ddp does (B/W per
+rank) with each rank holding 1/W of the weights, gradients and optimizer state; its row's peak
+memory is the figure to compare with ddp's.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from ..errors import RingtrainError
 from ..precision import bf16_problem
 from .workloads import NO_PIPELINE, Workload
 
-MODES = ("single", "dp", "ddp", "ddp+accumulate", "hvd", "hvd+fp16", "pipeline", "raw-ddp")
+MODES = ("single", "dp", "ddp", "ddp+accumulate", "fsdp", "hvd", "hvd+fp16", "pipeline", "raw-ddp")
 PIPELINE_STAGES, PIPELINE_MICROBATCHES = 2, 4
 MOMENTUM = 0.9
 
@@ -92,6 +94,8 @@ class RingTrainer:
             kwargs["accumulate"] = accumulate
         if mode == "hvd+fp16":
             strategy = rt.strategies.Horovod(compression="fp16")
+        if mode == "fsdp":
+            strategy = rt.strategies.FSDP()
         if mode == "pipeline":
             if wl.split_at is None:
                 raise Skip(f"{wl.name}: {NO_PIPELINE.get(wl.name, 'no split point')}")
@@ -118,7 +122,11 @@ class RingTrainer:
         optimizer = torch.optim.SGD(model.parameters(), lr=wl.lr, momentum=MOMENTUM)
         self.grad_bytes = _grad_bytes(model, fp16=mode == "hvd+fp16")
         setup_kwargs = {"split_at": wl.split_at} if self.pipeline else {}
-        self.model, self.optimizer = ring.setup(model, optimizer, **setup_kwargs)
+        try:
+            self.model, self.optimizer = ring.setup(model, optimizer, **setup_kwargs)
+        except RingtrainError as e:  # e.g. fsdp refuses 16-mixed: said in the table
+            self.close()
+            raise Skip(f"ring.setup under {shown}: {str(e).splitlines()[0]}") from e
         with contextlib.redirect_stdout(io.StringIO()):
             self.loader = ring.loader(wl.train, batch_size=wl.global_batch // devices, shuffle=True,
                                       drop_last=self.pipeline)
@@ -126,8 +134,11 @@ class RingTrainer:
         # every stage of a pipeline replica is fed the same batch.
         self.sample_share = 1.0 / PIPELINE_STAGES if self.pipeline else 1.0
         self.comm = CommCounter()
+        self.sharded = mode == "fsdp"
         if isinstance(self.model, DistributedDataParallel):
             self.comm.attach(self.model)
+        elif self.sharded:
+            self.comm.method = "estimate: all-gather x2 + reduce-scatter of the parameters"
         elif self.pipeline:
             self._count_activations()
         elif mode.startswith("hvd"):
@@ -156,6 +167,9 @@ class RingTrainer:
         if self.pipeline:  # plus, with several replicas, the stage's gradient all-reduce among them
             replicas = _grad_bytes(self.model) if self.replicas > 1 else 0
             return self.comm.bytes / steps + replicas, float(self.replicas > 1)  # point-to-point sends are no all-reduce
+        if self.sharded:  # each step gathers every unit twice (forward, backward) and reduce-scatters its gradients
+            world = self.ring.world_size
+            return 3.0 * self.grad_bytes * (world - 1) / world, None
         if self.comm.method.startswith("estimate"):
             return float(self.grad_bytes if self.ring.world_size > 1 else 0), None
         return (0.0, 0.0) if self.ring.world_size == 1 and self.ring.strategy.devices_per_process == 1 else (None, None)
@@ -182,7 +196,17 @@ class RingTrainer:
         atexit.unregister(self.ring.close)
 
     def eval_model(self) -> nn.Module | None:
-        """The whole trained model (same on every rank), or None when this rank holds only a pipeline stage."""
+        """The whole trained model (same on every rank), or None when this rank holds only a pipeline stage.
+        FSDP's shards are gathered (collective) into a fresh model on rank 0."""
+        if self.sharded:
+            whole = self.ring.strategy.module_state(self.model)
+            if whole is None:
+                return None
+            model = self.wl.make_model()
+            if self.ring.sync_batchnorm:
+                model = rt.SyncBatchNorm.convert_sync_batchnorm(model)
+            model.load_state_dict(whole)
+            return model.to(self.ring.device)
         return None if self.pipeline else self.ring.strategy.unwrap(self.model)
 
     @property
