@@ -206,3 +206,26 @@ def shape_change() -> None:
     x = torch.randn(64, 10, generator=g)
     strategy.pipeline_step(x, torch.zeros(64, dtype=torch.long), lambda out, y: out.sum())
     strategy.teardown()
+
+
+def ring_save_or_load(path: str, data: str, stages: int, save: bool) -> tuple | None:
+    """Through rt.Ring: one step then a sharded save (``save``), or a load; rank 0 gets the whole state."""
+    import ringtrain as rt
+
+    ring = rt.Ring(strategy=Pipeline(stages=stages, microbatches=2, schedule="gpipe", data=data), seed=0)
+    model = make_model()
+    optimizer = make_optimizer(model)
+    model, optimizer = ring.setup(model, optimizer, split_at=["2"] if stages == 2 else [])
+    extra = None
+    if save:
+        replicas, replica = ring.strategy.data_parallel_size, ring.strategy.data_parallel_rank
+        x, y = batch(0, 8 * replicas)
+        ring.pipeline_step(x[replica * 8:(replica + 1) * 8], y[replica * 8:(replica + 1) * 8], F.cross_entropy)
+        optimizer.step()
+        optimizer.zero_grad()
+        ring.save(path, full=False, model=model, optimizer=optimizer, epoch=3)
+    else:
+        extra = ring.load(path, model=model, optimizer=optimizer)
+    whole = (ring.strategy.module_state(model), ring.strategy.optimizer_state(optimizer, model), extra)
+    ring.close()
+    return whole if ring.rank == 0 else None

@@ -13,9 +13,10 @@ a machine without one. Reading uses ``weights_only=True``, so a checkpoint can
 never run code, and loads onto the CPU: ``load_state_dict`` copies into the
 parameters wherever they are, and RNG states must be CPU tensors anyway.
 
-``CheckpointDir`` is the folder of periodic checkpoints. Its manifest is input
-from a file, so it is checked before anything it names is loaded or deleted
-(DESIGN.md, principle 12).
+``CheckpointDir`` is the folder of periodic checkpoints: files, or sharded
+folders (sharded.py) for strategies that shard. Its manifest is input from a
+file, so it is checked before anything it names is loaded or deleted (DESIGN.md,
+principle 12).
 """
 
 from __future__ import annotations
@@ -221,10 +222,13 @@ def _plain_file(path: str) -> bool:
 class CheckpointDir:
     """A folder of periodic checkpoints: the last ``keep_last`` complete ones and a manifest.
 
-    A checkpoint counts only once the manifest lists it, and the manifest is
-    rewritten atomically *after* the checkpoint file is on disk — so a crash at
-    any moment leaves the previous complete checkpoint as the latest one, never
-    a partial file. Only the main process writes here.
+    A checkpoint is a file (``step-000000012.pt``) or, for a strategy that shards, a
+    folder every rank writes its shards into (``step-000000012/``, sharded.py). It
+    counts only once the manifest lists it, and the manifest is rewritten atomically
+    *after* the checkpoint is on disk — so a crash at any moment leaves the previous
+    complete checkpoint as the latest one, never a partial one. Only the main process
+    writes the manifest (for an asynchronous sharded save, from its writer thread, once
+    every rank's shards are written; the next save waits for it).
 
     Nothing is lost and nothing outside the folder is touched: the only files
     deleted are ringtrain's own temporaries and checkpoints that rotation drops

@@ -101,9 +101,7 @@ class Resumer:
                 self.checkpoints.commit(path, step=number, epoch=self.epoch())  # type: ignore[union-attr]
             return
         self.flush()  # one save in flight at a time: the next waits for the previous
-        tree, kinds = self._local_tree(self._targets)
-        meta = self._meta()
-        tensors, skeleton = sharded.split(tree)
+        tensors, skeleton, kinds, meta = self._sharded_parts(self._targets)
         staging = self._agree(lambda: sharded.staging_folder(path))
         epoch, folder = self.epoch(), self.checkpoints
 
@@ -162,10 +160,15 @@ class Resumer:
 
         self._agree(write)
 
-    def _save_sharded(self, path: str, state_: dict[str, Any]) -> None:
+    def _sharded_parts(self, state_: dict[str, Any]) -> tuple[dict[str, torch.Tensor], Any, dict[str, str], dict]:
+        """This rank's tensors, and (on every rank) the folder's skeleton — every rank's merged —, kinds and meta."""
         tree, kinds = self._local_tree(state_)
         meta = self._meta()
         tensors, skeleton = sharded.split(tree)
+        return tensors, sharded.merge(self.strategy.gather_object(skeleton)), kinds, meta
+
+    def _save_sharded(self, path: str, state_: dict[str, Any]) -> None:
+        tensors, skeleton, kinds, meta = self._sharded_parts(state_)
         staging = self._agree(lambda: sharded.staging_folder(path))
         try:
             sharded.write_shards(staging, tensors)

@@ -34,9 +34,10 @@ class Ring:
     """Everything a training loop needs to run on one device or many, unchanged.
 
     ``strategy``: ``"auto"`` (DDP when launched with several processes, else one device), a
-    name (``"single"``, ``"dp"``, ``"ddp"``, ``"hvd"``), or an object with its own options:
-    ``rt.strategies.DDP(find_unused_parameters=True)``, ``rt.strategies.Horovod(compression="fp16")``,
-    ``rt.strategies.Pipeline(stages=2, microbatches=8)``, ``rt.strategies.DataParallel()``.
+    name (``"single"``, ``"dp"``, ``"ddp"``, ``"fsdp"``, ``"hvd"``), or an object with its own options:
+    ``rt.strategies.DDP(find_unused_parameters=True)``, ``rt.strategies.FSDP(replicate=2)``,
+    ``rt.strategies.Horovod(compression="fp16")``, ``rt.strategies.Pipeline(stages=2, microbatches=8)``,
+    ``rt.strategies.DataParallel()``.
     Where: ``device``, ``backend``, ``init_method`` (+ ``world_size``, ``rank``: no launcher
     needed), ``timeout`` (seconds, forming the group and every collective). How: ``accumulate``,
     ``precision`` (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``), ``sync_batchnorm``, ``seed``,

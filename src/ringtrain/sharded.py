@@ -93,6 +93,26 @@ def split(tree: Any) -> tuple[dict[str, torch.Tensor], Any]:
     return tensors, walk(tree, ())
 
 
+def merge(skeletons: list[Any]) -> Any:
+    """Every rank's skeleton as one: a pipeline rank names only its own stage's tensors (and its
+    optimizer groups only its own parameters); the folder needs them all. Dicts are united, lists of
+    dicts merged item by item, other lists united in order (rank order: stage order); a value that is
+    neither is rank 0's."""
+    if all(isinstance(s, dict) for s in skeletons):
+        keys: dict[Any, None] = {}
+        for s in skeletons:
+            keys.update(dict.fromkeys(s))
+        return {k: merge([s[k] for s in skeletons if k in s]) for k in keys}
+    if all(isinstance(s, list) for s in skeletons):
+        if len({len(s) for s in skeletons}) == 1 and all(isinstance(v, dict) for s in skeletons for v in s):
+            return [merge(list(items)) for items in zip(*skeletons)]
+        united: list[Any] = []
+        for s in skeletons:
+            united += [v for v in s if v not in united]
+        return united
+    return skeletons[0]
+
+
 _SKIPPED = object()
 
 

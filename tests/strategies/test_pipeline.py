@@ -6,6 +6,8 @@ several schedules) to keep the file fast on small CPUs; jobs are in _pipeline_jo
 
 from __future__ import annotations
 
+import os
+
 import _pipeline_jobs as jobs
 import pytest
 import torch
@@ -189,6 +191,29 @@ def test_checkpoint_is_unsplit_and_resumes_anywhere(tmp_path):
     for resumed in ranks[0]["resumed"]:
         assert max_diff(resumed["state"], uninterrupted["state"]) <= TOL
         assert resumed["losses"] == pytest.approx(uninterrupted["losses"][2:], abs=TOL)
+
+
+def test_sharded_checkpoint_of_a_two_dimensional_layout_loads_into_any_layout(tmp_path):
+    # pipeline x FSDP on 4 ranks writes a folder (each rank its shard of its stage); it loads exactly into
+    # 2 stages x DDP on 2 ranks, FSDP without stages (1 stage x 2 replicas), and one process.
+    path = str(tmp_path / "ckpt")
+    model, optimizer, _ = launch(jobs.ring_save_or_load, path, "fsdp", 2, True, nprocs=4)[0]
+    assert sorted(os.listdir(path)) == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp",
+                                        "ringtrain.pt"]
+    loaded = [launch(jobs.ring_save_or_load, path, "ddp", 2, False)[0],
+              launch(jobs.ring_save_or_load, path, "fsdp", 1, False)[0]]
+    single = jobs.make_model()
+    single_opt = jobs.make_optimizer(single)
+    ring = rt.Ring()
+    single, single_opt = ring.setup(single, single_opt)
+    extra = ring.load(path, model=single, optimizer=single_opt)
+    loaded.append((single.state_dict(), single_opt.state_dict(), extra))
+    for got_model, got_opt, got_extra in loaded:
+        assert max_diff(got_model, model) == 0.0
+        assert got_opt["param_groups"] == optimizer["param_groups"]
+        for i, st in optimizer["state"].items():
+            assert torch.equal(got_opt["state"][i]["momentum_buffer"], st["momentum_buffer"])
+        assert got_extra == {"epoch": 3}
 
 
 def test_stage_output_shape_change_is_a_clear_error():
