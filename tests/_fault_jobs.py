@@ -107,6 +107,27 @@ def _maybe_die(rank: int, step: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def run_train(folder, *options: str, **fault: str):
+    """From a test: ``ringtrain run --nproc-per-node 2 --max-restarts 1 _fault_jobs.py train [options]`` into
+    ``folder`` (its ckpt/, log/ and params.pt), faults given as environment variables; (the finished
+    process, those paths)."""
+    import subprocess
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher"))
+    from _launch_util import child_env, ringtrain_cmd
+
+    paths = {name: folder / name for name in ("ckpt", "log")}
+    for path in paths.values():
+        path.mkdir(parents=True)
+    paths["out"] = folder / "params.pt"
+    proc = subprocess.run(
+        ringtrain_cmd("run", "--nproc-per-node", "2", "--max-restarts", "1", os.path.abspath(__file__), "train",
+                      *options, "--ckpt", str(paths["ckpt"]), "--log", str(paths["log"]), "--out", str(paths["out"])),
+        capture_output=True, text=True, timeout=200, env=child_env(**fault),
+    )
+    return proc, paths
+
+
 def _slow_writes(seconds: float) -> None:
     """Every rank waits ``seconds`` before writing its shards (DCP's FileSystemWriter.write_data)."""
     from torch.distributed.checkpoint import FileSystemWriter

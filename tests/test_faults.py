@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "launcher"))
 import _ring_jobs
-from _launch_util import child_env, outputs, results, ringtrain_cmd
+from _launch_util import child_env, outputs, results
 
 from ringtrain import checkpoint
 from ringtrain.checkpoint import CheckpointDir
@@ -38,16 +38,7 @@ JOBS = jobs.__file__
 
 def _train(folder, **fault: str) -> tuple[subprocess.CompletedProcess, dict]:
     """``ringtrain run --nproc-per-node 2 --max-restarts 1 _fault_jobs.py train`` into ``folder``."""
-    paths = {name: folder / name for name in ("ckpt", "log")}
-    for path in paths.values():
-        path.mkdir(parents=True)
-    paths["out"] = folder / "params.pt"
-    proc = subprocess.run(
-        ringtrain_cmd("run", "--nproc-per-node", "2", "--max-restarts", "1", JOBS, "train",
-                      "--ckpt", str(paths["ckpt"]), "--log", str(paths["log"]), "--out", str(paths["out"])),
-        capture_output=True, text=True, timeout=150, env=child_env(**fault),
-    )
-    return proc, paths
+    return jobs.run_train(folder, **fault)
 
 
 def _logs(paths) -> list[list[dict]]:
