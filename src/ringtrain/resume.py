@@ -119,12 +119,19 @@ class Resumer:
         """Is an asynchronous checkpoint being written right now (on this rank)?"""
         return self._async is not None and self._async.in_flight
 
-    def flush(self) -> None:
-        """Wait for an asynchronous save still being written; a failure raises on every rank."""
+    def flush(self, agree: bool = True) -> None:
+        """Wait for an asynchronous save still being written; a failure raises on every rank (``agree``: the
+        ranks compare outcomes, a collective), or only where it happened (``ring.close``: no collective)."""
         if self._async is None:
             return
         error = self._async.wait()
         message = None if error is None else _failure_line(error)
+        if not agree:
+            if message is not None:
+                raise RingtrainError(f"the asynchronous checkpoint failed: {message}",
+                                     "check the checkpoint folder's space and permissions; the previous checkpoint "
+                                     "is still the newest listed one.")
+            return
         failures = self.strategy.gather_object(message)
         first = next(((r, m) for r, m in enumerate(failures) if m is not None), None)
         if first is not None:

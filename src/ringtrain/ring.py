@@ -337,7 +337,7 @@ class Ring:
     def close(self) -> None:
         """Finish an asynchronous checkpoint still being written, then leave the process group (at exit this
         happens by itself). Never waits on other ranks beyond that save, which every rank writes its part of."""
-        self.resumer.flush()
+        self.resumer.flush(agree=False)
         self.strategy.teardown()
 
     def __enter__(self) -> "Ring":
