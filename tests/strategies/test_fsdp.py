@@ -34,6 +34,8 @@ CASES = {
                        "fsdp": {"reshard_after_forward": False, "wrap": None}},
     # SyncBatchNorm over FSDP's ranks: statistics of the global batch, as one process computes them
     "syncbn": {"strategy": "fsdp", "batch": 4, "optimizer": "sgd", "model": "bn", "sync_batchnorm": True},
+    # the meta device under DDP: the whole model allocated on each rank, initialised as built normally
+    "ddp_meta": {"strategy": "ddp", "batch": 4, "optimizer": "adam", "meta": True},
 }
 FOUR = {**{k: CASES[k] for k in ("sgd", "adamw_accumulate_clip", "meta")},
         "hsdp": {"strategy": "fsdp", "batch": 4, "optimizer": "adam", "fsdp": {"replicate": 2}}}
@@ -82,7 +84,7 @@ def four_ranks(saved, two_ranks):
 
 # --- equivalence ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["sgd", "adam", "adamw_accumulate_clip", "zero2_one_unit", "syncbn"])
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw_accumulate_clip", "zero2_one_unit", "syncbn", "ddp_meta"])
 def test_two_ranks_equal_one_process(two_ranks, name):
     got, ref = two_ranks[name], reference({**CASES[name], "sync_batchnorm": False}, 2)
     assert got["steps"] == ref["steps"] == 8
@@ -156,6 +158,17 @@ def test_meta_model_is_the_model_built_normally_at_any_world_size(two_ranks, fou
     built = jobs.make_model().state_dict()
     assert max_diff(first, built) == 0.0
     assert max_diff(four_ranks["initial"], built) == 0.0
+
+
+def test_meta_model_in_one_process_is_the_model_built_normally():
+    ring = rt.Ring(seed=0)
+    with torch.device("meta"):
+        model = jobs.make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = ring.setup(model, optimizer)
+    torch.manual_seed(0)
+    assert max_diff(model.state_dict(), jobs.make_model().state_dict()) == 0.0
+    assert optimizer.param_groups[0]["params"][0] is model[0].weight  # the optimizer follows the real tensors
 
 
 def test_meta_model_without_reset_parameters_is_named():
