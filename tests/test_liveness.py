@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from ringtrain import failures, liveness
 from ringtrain.launcher.report import first_cause
+from ringtrain.records import Blame
 
 
 def boards(world_size: int = 2, generation: str = "0-0") -> list[liveness.Board]:
@@ -31,8 +32,8 @@ def test_posts_are_read_back_by_every_rank_and_counted():
     b1.post("failed", "ValueError: boom")
     assert b0.count() == 1
     post = b0.read()[1]
-    assert (post["rank"], post["state"], post["reason"], post["cause"]) == (1, "failed", "ValueError: boom", "own")
-    assert b0.first_peer_post()["rank"] == 1 and b1.first_peer_post() is None
+    assert (post.rank, post.state, post.reason, post.cause) == (1, "failed", "ValueError: boom", "own")
+    assert b0.first_peer_post().rank == 1 and b1.first_peer_post() is None
 
 
 def test_generations_do_not_see_each_other():
@@ -46,8 +47,8 @@ def test_a_failure_after_a_peer_posted_is_blamed_on_that_peer():
     b0, b1 = boards()
     b1.post("finished", "process exit")
     entry = liveness.post_failure(b0, "RingtrainError: all_reduce failed")
-    assert entry["cause"] == "peer"
-    assert entry["blame"] == {"rank": 1, "state": "finished", "reason": "process exit"}
+    assert entry.cause == "peer"
+    assert entry.blame == Blame(1, "finished", "process exit")
 
 
 def test_an_engine_error_about_a_lost_connection_is_not_the_rank_s_own_fault():
@@ -61,7 +62,7 @@ def test_an_engine_error_about_a_lost_connection_is_not_the_rank_s_own_fault():
     assert liveness.lost_a_peer(error)
     assert not liveness.lost_a_peer(ValueError("a bug of its own"))
     b0, _ = boards()
-    assert liveness.post_failure(b0, "ValueError", error)["cause"] == "peer"
+    assert liveness.post_failure(b0, "ValueError", error).cause == "peer"
 
 
 def test_a_lost_connection_names_the_neighbour_that_vanished_and_waits_only_that_long():
@@ -73,20 +74,20 @@ def test_a_lost_connection_names_the_neighbour_that_vanished_and_waits_only_that
     child.wait()
     b1.store.set("hello/1", f'{{"pid": {child.pid}, "host": "{liveness.host_identity()}"}}')
     entry = liveness.post_failure(b0, "RuntimeError: Read error", lost)
-    assert entry["cause"] == "peer"
-    assert entry["blame"] == liveness.vanished_blame(1)
+    assert entry.cause == "peer"
+    assert entry.blame == liveness.vanished_blame(1)
     # Nobody to name (the peer lives on and posted nothing): a bounded look, then "peer", unnamed.
     b0, b1 = boards()
     b0.hello()
     b1.hello()  # this very process: alive
     start = time.monotonic()
     entry = liveness.post_failure(b0, "RuntimeError: Read error", lost)
-    assert entry["cause"] == "peer" and entry["blame"] is None
+    assert entry.cause == "peer" and entry.blame is None
     assert time.monotonic() - start < liveness.LOST_PEER_WAIT_S + 1.0
     # An error of its own waits for nothing.
     b0, _ = boards()
     start = time.monotonic()
-    assert liveness.post_failure(b0, "ValueError: bug", ValueError("a bug of its own"))["cause"] == "own"
+    assert liveness.post_failure(b0, "ValueError: bug", ValueError("a bug of its own")).cause == "own"
     assert time.monotonic() - start < 0.5
 
 
@@ -105,7 +106,7 @@ def test_a_failed_peer_stops_this_rank_at_once_naming_it():
     message, info = dog.check()
     assert message == "ringtrain: rank 0 stops: rank 1 failed (ValueError: boom); the job cannot go on without it."
     assert info["cause"] == "peer" and info["blame"]["rank"] == 1
-    assert b1.read()[0]["state"] == "failed"  # rank 0's own post says it stopped because of rank 1
+    assert b1.read()[0].state == "failed"  # rank 0's own post says it stopped because of rank 1
 
 
 # A frame whose file looks like torch.distributed: what the main thread shows while in a collective.
@@ -179,7 +180,7 @@ def test_a_store_that_went_away_counts_as_its_host_leaving():
     assert dog.check() is None
     del host  # the server stops
     assert dog.check() is None  # not in a collective: nothing to stop yet
-    assert dog._finished["reason"] == "the job's rendezvous store closed"
+    assert dog.finished.reason == "the job's rendezvous store closed"
 
 
 # --- the launcher's report: who caused it ---------------------------------------------------
@@ -202,4 +203,4 @@ def test_first_cause_prefers_own_failures_then_signals_then_peers():
     assert rank == 1
     # ... but not the agent's own SIGTERM to the rest
     rank, _, blame = first_cause({0: Failure(1, record(10.0, "peer", blamed), 0, 1), 1: Failure(-15, None, 1, 2)})
-    assert (rank, blame) == (0, blamed)
+    assert (rank, blame) == (0, Blame(1, "finished", "process exit"))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import random
+import time
 import warnings
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Callable, Iterator
@@ -29,7 +30,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
 
+from .activity import ACTIVITY
 from .errors import RingtrainError
+
+_END = object()
 
 
 class ExactSampler(Sampler[int]):
@@ -245,8 +249,18 @@ class RingLoader:
         except TypeError:  # an IterableDataset without __len__
             self.pass_length = -1
         self.finished = False
+        # What the watchdog reads (activity.py): a training loader's fetch is the step's data wait.
+        phase, after = ("evaluation", "evaluation") if self.exact else ("data", "forward")
+        batches = iter(self.loader)
         try:
-            for batch in self.loader:
+            while True:
+                if not self.exact:
+                    ACTIVITY.times.step_begins(time.perf_counter())
+                with ACTIVITY.timed(phase, "data"):
+                    batch = next(batches, _END)
+                if batch is _END:
+                    break
+                ACTIVITY.enter(after)
                 if self.listener is not None:
                     self.listener(self)
                 self.batches_seen += 1

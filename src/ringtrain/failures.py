@@ -4,12 +4,14 @@ torchelastic's agent gives every worker a file (``TORCHELASTIC_ERROR_FILE``) and
 after a failure: the JSON that ``@record`` writes (``ErrorHandler.record_exception``, see
 https://pytorch.org/docs/stable/elastic/errors.html). ringtrain writes the same layout,
 with one addition under ``extraInfo["ringtrain"]`` that lets the launcher's report name
-the rank that *caused* the failure rather than the first one to exit:
+the rank that *caused* the failure rather than the first one to exit: the rank's ``Post``
+(records.py) as a dict —
 
     {"time": 1732390000.123,          # time.time() when the rank stopped (sub-second)
      "cause": "own" | "peer",         # its own error, or stopped because of another rank
-     "blame": {"rank": 1, "state": "finished", "reason": "process exit"} | null,
-     "during": "all_reduce #7" | null} # the collective it was blocked in, when known
+     "blame": {"rank": 1, "state": "finished" | "stuck" | ..., "reason": "process exit", "stack": ...} | null,
+     "during": "all_reduce #7" | null, # the collective it was blocked in, when known
+     "rank": 0, "state": "failed", "reason": "...", "pid": 123}
 
 Written atomically (a temporary file, then a rename): torch's own handler opens the file,
 emptying it, before it writes, and the agent, which stops every other worker as soon as
@@ -63,11 +65,6 @@ def info_of(message: Any) -> dict[str, Any] | None:
         info = message.get("extraInfo", {}).get(INFO_KEY)
         return info if isinstance(info, dict) else None
     return None
-
-
-def describe_blame(blame: dict[str, Any]) -> str:
-    """``rank 1 finished (process exit)`` / ``rank 1 failed (ValueError: boom)``."""
-    return f"rank {blame.get('rank')} {blame.get('state', 'left')} ({blame.get('reason', 'no reason given')})"
 
 
 def stop_own_processes() -> list[int]:

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 
+from .activity import ACTIVITY
 from .errors import RingtrainError
 from .step import Step
 
@@ -92,7 +93,7 @@ def wrap_optimizer(
             return None
         if step_state.take_drop():
             return None  # ring.backward saw a non-finite loss in this window (nonfinite="skip")
-        with step_context(optimizer):
+        with step_context(optimizer), ACTIVITY.timed("optimizer", "sync"):
             if scaler.is_enabled():
                 # The scaler unscales (unless clipping already did) and skips the step if any
                 # gradient is inf/NaN; ScalerSteps updates the scale once all optimizers stepped.
@@ -107,6 +108,7 @@ def wrap_optimizer(
             else:
                 result = previous_step(closure) if closure is not None else previous_step()
         step_state.stepped()
+        ACTIVITY.step = step_state.optimizer_steps
         return result
 
     @functools.wraps(previous_zero_grad)

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from . import checkpoint, sharded, state
+from .activity import ACTIVITY
 from .data import RingLoader, move_to_device
 from .errors import RingtrainError
 from .step import Step
@@ -92,6 +93,7 @@ class Resumer:
     def autosave(self) -> None:
         """Write the periodic checkpoint that is due: sharded and asynchronous where the strategy shards."""
         self.step.saved()
+        ACTIVITY.enter("checkpoint")
         number = self.step.optimizer_steps
         folders = self.strategy.shards_state
         path = self.checkpoints.path_for(number, folder=folders)  # type: ignore[union-attr]
@@ -148,6 +150,7 @@ class Resumer:
         """
         if checkpoint.META_KEY in state_:
             raise RingtrainError(f"ring.save got the reserved key {checkpoint.META_KEY!r}", "rename that entry.")
+        ACTIVITY.enter("checkpoint")
         self.flush()
         if full is None:
             full = not self.strategy.shards_state
@@ -243,6 +246,7 @@ class Resumer:
 
     def load(self, path: str, **targets: Any) -> dict[str, Any]:
         """Load ``path`` (on every rank) into ``targets``; return the other entries, on the ring's device."""
+        ACTIVITY.enter("checkpoint")
         self.flush()
         folder = sharded.is_sharded_checkpoint(path)
         if folder:

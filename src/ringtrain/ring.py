@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from . import environments, precision as precisions, strategies
+from .activity import ACTIVITY
 from .data import RingLoader, make_loader
 from .errors import RingtrainError
 from .optim import NoSyncWindow, NonFiniteGuard, RingScheduler, ScalerSteps, replace_parameters, wrap_optimizer
@@ -26,6 +27,7 @@ from .seeding import configure_kernels, seed_everything
 from .step import Step
 from .strategies import BackwardSyncControl, PipelineSchedule, Strategy
 from .strategies._group import as_timeout
+from .watchdog import stall_warning_of
 
 DEFAULT_TIMEOUT_S = 1800.0
 
@@ -44,7 +46,8 @@ class Ring:
     ``deterministic``, ``cudnn_benchmark``. Safety: ``checkpoint_dir`` + ``save_every`` +
     ``keep_last`` (periodic saves; a restarted job resumes in ``setup``), ``nonfinite``
     (``"raise"``, ``"skip"``, ``"ignore"``), ``debug_collectives`` (every collective checked
-    across ranks first). A rank that fails, or finishes while others wait for it, ends the
+    across ranks first), ``stall_warning`` (seconds in one collective before the job's stall report
+    names who has not arrived and where: 60, or ``RINGTRAIN_STALL_WARNING``; None: never). A rank that fails, or finishes while others wait for it, ends the
     job in seconds, named on every rank (liveness.py). The README's user guide has the details.
     """
 
@@ -69,11 +72,13 @@ class Ring:
         keep_last: int = 3,
         nonfinite: str = "raise",
         debug_collectives: bool | float = False,
+        stall_warning: float | None | str = "default",
         **deprecated: Any,  # stages=, microbatches=, schedule=, split_at=, compression= (see strategies.resolve)
     ):
         env = environments.with_explicit(environments.detect(), world_size, rank)
         self.strategy = strategies.resolve(strategy, env, init_method=init_method, **deprecated)
-        self.strategy.attach(env, device=device, backend=backend, init_method=init_method, timeout=as_timeout(timeout))
+        self.strategy.attach(env, device=device, backend=backend, init_method=init_method, timeout=as_timeout(timeout),
+                             stall_warning=stall_warning_of(stall_warning))
         self.env = env
         # Everything the arguments can get wrong is checked before joining the group.
         self.step_state = Step(accumulate, save_every)
@@ -217,7 +222,7 @@ class Ring:
         first = start if resumed is None else max(start, resumed)
         try:
             for epoch in range(first, n):
-                self._epoch = epoch
+                self._epoch = ACTIVITY.epoch = epoch
                 for made in self._loaders:
                     made.set_epoch(epoch)
                 yield epoch
@@ -227,15 +232,13 @@ class Ring:
         finally:
             self._epoch = None
 
-    def _note_loader(self, made: RingLoader) -> None:
-        """A ring loader is about to hand out a batch: everything of the previous step is done."""
+    def _note_loader(self, made: RingLoader) -> None:  # a ring loader hands out a batch: the last step is done
         self._remaining_batches = made.remaining()
         self._save_if_due()
 
     def _save_if_due(self) -> None:
-        """The ring decides when a due periodic save is written: between two batches (where the last
-        step's optimizer, scheduler and zero_grad have all run, and the next batch is not drawn yet) and
-        when the epochs end."""
+        """A due periodic save is written between two batches (the last step's optimizer, scheduler and
+        zero_grad have run; the next batch is not drawn yet) and when the epochs end."""
         if self.step_state.save_due:
             self.nonfinite.check(force=True)  # never save the state a NaN step produced
             self.resumer.autosave()
@@ -257,7 +260,8 @@ class Ring:
         divisor, _ = self.step_state.next_backward(self._remaining_batches)
         scaled = self.precision.scaler.scale(loss / divisor if divisor > 1 else loss)
         try:
-            scaled.backward()
+            with ACTIVITY.timed("backward", "sync"):  # DDP's gradient all-reduce ends here: waiting counts too
+                scaled.backward()
         finally:
             self._window.close()
         if skip:
@@ -335,8 +339,7 @@ class Ring:
                         last_loss=lambda: self._last_loss, desc=desc, total=total)
 
     def close(self) -> None:
-        """Finish an asynchronous checkpoint still being written, then leave the process group (at exit this
-        happens by itself). Never waits on other ranks beyond that save, which every rank writes its part of."""
+        """Finish this rank's asynchronous checkpoint, if one is being written; leave the process group."""
         self.resumer.flush(agree=False)
         self.strategy.teardown()
 

@@ -19,6 +19,7 @@ import socket
 from typing import Any
 
 from .. import failures as _failures
+from ..records import Blame, Post
 
 # Frames of the machinery between the agent and the user's code: ringtrain's worker entry,
 # runpy, and torchelastic's @record wrapper. The report shows the user's frames only.
@@ -34,6 +35,9 @@ HINTS = {
     "exit": "the failing rank's own output above (its stderr) says why it exited; "
     "re-run with --nproc-per-node 1 to debug it as a plain script.",
     "exception": "fix the exception above; every other rank was stopped because of it.",
+    "stuck": "the stack above is where that rank was while the others waited for it in a collective: a "
+    "data loader or a loop that does not end, a rank that takes another branch, or a process stopped "
+    "(SIGSTOP, a debugger). Ring(stall_warning=...) reports such stalls while the job runs.",
     "peer": "every rank must make the same collective calls until the end: a rank that returns, "
     "breaks out of its loop or calls ring.close() early leaves the others waiting (look for a branch "
     "on the rank or on per-rank data, e.g. a dataset that is empty on one rank).",
@@ -72,7 +76,7 @@ def describe_exit(exitcode: int) -> str:
     return f"exit code {exitcode}"
 
 
-def first_cause(failures: dict[int, Any]) -> tuple[int, Any, dict | None]:
+def first_cause(failures: dict[int, Any]) -> tuple[int, Any, Blame | None]:
     """The rank whose failure caused the others', its ProcessFailure, and who it blames (if a peer).
 
     Each worker's error file says when it stopped (to the sub-second) and whether it failed by
@@ -85,18 +89,35 @@ def first_cause(failures: dict[int, Any]) -> tuple[int, Any, dict | None]:
     own, silent, peer, rest = [], [], [], []
     for rank, failure in failures.items():
         info = _failures.info_of(failure.message)
-        if info is None:
+        post = Post.from_dict(info) if info is not None else None
+        if post is None:
             stopped = failure.exitcode in (-signal.SIGTERM, 0) or failure.exitcode > 0
             (rest if stopped else silent).append((float("inf"), rank, failure, None))
-        elif info.get("cause") == "own":
-            own.append((info.get("time", float("inf")), rank, failure, None))
+        elif post.cause == "own":
+            own.append((post.time, rank, failure, None))
         else:
-            peer.append((info.get("time", float("inf")), rank, failure, info))
-    for group in (own, silent, peer, rest):
+            peer.append((post.time, rank, failure, post))
+    # A rank blamed as stuck or not responding (a peer's collective timed out waiting for it) is the
+    # cause even when it was killed by the agent afterwards (frozen: it could not say so itself).
+    stuck = [(p.time, p.blame.rank, failures[p.blame.rank], None) for *_, p in peer
+             if p.blame is not None and p.blame.state in ("stuck", "not responding") and p.blame.rank in failures]
+    for group in (own, stuck, silent, peer, rest):
         if group:
-            _, rank, failure, info = min(group, key=lambda item: (item[0], item[1]))
-            return rank, failure, (info or {}).get("blame")
+            _, rank, failure, post = min(group, key=lambda item: (item[0], item[1]))
+            if group is stuck:
+                return rank, failure, None
+            return rank, failure, post.blame if post is not None else None
     raise ValueError("no failures to report")
+
+
+def stuck_blame(failures: dict[int, Any], rank: int) -> Blame | None:
+    """What a peer said of ``rank`` when it blamed it as stuck or not responding, if one did."""
+    for failure in failures.values():
+        info = _failures.info_of(failure.message)
+        blame = Post.from_dict(info).blame if info is not None else None
+        if blame is not None and blame.rank == rank and blame.state in ("stuck", "not responding"):
+            return blame
+    return None
 
 
 def format_child_failure(error: Any, node_rank: int) -> str:
@@ -105,9 +126,23 @@ def format_child_failure(error: Any, node_rank: int) -> str:
     where = (f"local rank {failure.local_rank} on node {node_rank}, host {socket.gethostname()}, pid {failure.pid}, "
              f"{describe_exit(failure.exitcode)}")  # failures are always this node's: one agent per node
     traceback = _traceback(failure)
-    if blame is not None:
+    info = _failures.info_of(failure.message)
+    own = Post.from_dict(info) if info is not None else None
+    stuck = stuck_blame(error.failures, rank)
+    if stuck is not None or (own is not None and own.cause == "own" and own.reason.startswith(("stuck", "not responding"))):
+        # A live rank that never arrived: a peer's collective timed out waiting for it. It is the cause;
+        # the waiting rank's timeout is a consequence.
+        why = stuck.reason if stuck is not None else own.reason.split(": ", 1)[-1]
+        state = stuck.state if stuck is not None else own.reason.split(":", 1)[0]
+        lines = [f"ringtrain run: rank {rank} was {state} ({why}), and the others gave up waiting for it ({where}); "
+                 "all workers on this node were stopped."]
+        stack = (stuck.stack if stuck is not None else None) or traceback
+        if stack:
+            lines += ["", f"Where rank {rank} was:", user_frames(stack).rstrip()]
+        hint = HINTS["stuck"]
+    elif blame is not None:
         # The cause is a rank that finished early, failed on another node, or was stopped after it.
-        lines = [f"ringtrain run: {_failures.describe_blame(blame)}, and rank {rank} could not go on without it "
+        lines = [f"ringtrain run: {blame.describe()}, and rank {rank} could not go on without it "
                  f"({where}); all workers on this node were stopped."]
         message = failure.message.get("message") if isinstance(failure.message, dict) else None
         if message:

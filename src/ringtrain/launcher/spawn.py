@@ -297,7 +297,7 @@ def _failure(processes: list, name: str, results: str) -> RingtrainError:
     info = failures.info_of(failure.message) or {}
     what = f"rank {first} (pid {failure.pid}) {_how(failure.exitcode)}"
     if blame is not None:
-        what = f"{failures.describe_blame(blame)}, and {what}" + (f" in {info['during']}" if info.get("during") else "")
+        what = f"{blame.describe()}, and {what}" + (f" in {info['during']}" if info.get("during") else "")
     if failure.message is not None:
         # A rank stopped by a peer: its one-line reason says it all; its own traceback is the engine's.
         detail = failure.message.get("message", "") if blame is not None else (

@@ -189,9 +189,7 @@ def finish(status: int, reason: str, error: BaseException | None) -> None:
     if error is not None:
         from ringtrain import failures
 
-        info = {"time": time.time(), "cause": "own", "blame": None, "during": None}
-        if post is not None:
-            info.update(cause=post.get("cause", "own"), blame=post.get("blame"), during=post.get("during"))
+        info = post.to_dict() if post is not None else {"time": time.time(), "cause": "own"}
         callstack = "".join(traceback.format_exception(type(error), error, _user_frames(error.__traceback__)))
         failures.write_error_file(os.environ.get("TORCHELASTIC_ERROR_FILE"), reason, callstack, info)
     for thread in threading.enumerate():

@@ -54,9 +54,11 @@ class ProcessGroup:
         timeout: datetime.timedelta = DEFAULT_TIMEOUT,
         backward_syncs: bool = False,
         gpus: devices.Gpus | None = None,
+        stall_warning: float | None = liveness.STALL_WARNING_S,
     ):
         self.env = env
         self.timeout = timeout
+        self.stall_warning = stall_warning
         self.init_method = init_method
         self.backward_syncs = backward_syncs  # DDP: a blocked backward is a blocked collective
         self._requested = (device, backend)
@@ -122,7 +124,7 @@ class ProcessGroup:
         self.store = dist.PrefixStore(f"ringtrain/{generation}", raw)  # this formation's keys only
         if board is not None:
             self.membership = liveness.Membership(board, backward_syncs=self.backward_syncs,
-                                                  error_file=self.env.error_file)
+                                                  error_file=self.env.error_file, stall_warning=self.stall_warning)
             self.membership.start()
             atexit.register(self._at_exit)
 

@@ -50,6 +50,7 @@ class Strategy(ABC):
         self.backend_request: str | None = None
         self.init_method: str | None = None
         self.timeout: datetime.timedelta = DEFAULT_TIMEOUT
+        self.stall_warning: float | None = 60.0
 
     # --- joining a job ---------------------------------------------------------------
     def attach(
@@ -60,8 +61,10 @@ class Strategy(ABC):
         backend: str | None = None,
         init_method: str | None = None,
         timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+        stall_warning: float | None = 60.0,
     ) -> "Strategy":
-        """Make this strategy the one of process ``env`` (once); returns it."""
+        """Make this strategy the one of process ``env`` (once); returns it. ``stall_warning``: seconds a
+        rank may wait in a collective before the job's stall report (None: never)."""
         if self._env is not None:
             raise RingtrainError(
                 f"this {type(self).__name__} strategy object already serves a Ring",
@@ -69,7 +72,7 @@ class Strategy(ABC):
             )
         self._env = env
         self.device_request, self.backend_request = device, backend
-        self.init_method, self.timeout = init_method, timeout
+        self.init_method, self.timeout, self.stall_warning = init_method, timeout, stall_warning
         self.check_job()
         return self
 
@@ -325,7 +328,7 @@ class Distributed(Strategy):
         from ._group import ProcessGroup
 
         self.group = ProcessGroup(self.env, device=self.device_request, backend=self.backend_request,
-                                  init_method=self.init_method, timeout=self.timeout,
+                                  init_method=self.init_method, timeout=self.timeout, stall_warning=self.stall_warning,
                                   backward_syncs=self.backward_syncs)
 
     @property

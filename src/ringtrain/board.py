@@ -1,0 +1,206 @@
+"""The job's liveness board: keys in the rendezvous store every launcher already runs.
+
+Under ``ringtrain/live/<generation>/`` (the launcher's restart count and the process group's
+formation number: a restarted job never reads the dead attempt's keys):
+
+* ``hello/<r>`` — posted when rank r joins: its pid and host identity;
+* ``rank/<r>`` — a ``Post`` (records.py): how rank r left (failed, finished, left);
+* ``posted`` (the ranks that posted, appended) and ``count`` (a counter: one round trip polls it);
+* ``where/<r>`` — a ``Whereabouts``: where live rank r is, refreshed by its watchdog thread;
+* ``stacks`` (a counter: a request for every rank's stack) and ``stack/<n>/<r>`` (rank r's answer
+  to request n); ``stall/<key>`` — which rank writes a stall report (the first to claim it).
+
+``ringtrain/live/current`` holds the newest generation, for the launcher's report and
+``kill -USR1``. Every method swallows store errors: the board is advice, never a new way to fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from typing import Any
+
+from . import failures
+from .records import Blame, Post, Whereabouts
+
+PREFIX = "ringtrain/live"
+
+
+def host_identity() -> str:
+    """This machine and pid namespace: pids are comparable only between equal identities."""
+    parts = [socket.gethostname()]
+    for path in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/pid"):
+        with contextlib.suppress(OSError):
+            parts.append(open(path).read().strip() if path.endswith("boot_id") else str(os.stat(path).st_ino))
+    return "/".join(parts)
+
+
+def pid_gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs here (gone, or a zombie its parent has not reaped yet)."""
+    if not failures.process_exists(pid):
+        return True
+    fields = failures.proc_stat(pid)
+    return fields is not None and fields[0] in ("Z", "X")
+
+
+_STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O", "T": "stopped (SIGSTOP?)",
+           "t": "stopped by a debugger", "Z": "a zombie", "X": "dead"}
+
+
+def process_state(pid: int) -> str:
+    """``stopped (SIGSTOP?)``, ``running``..., from /proc (this host only); ``unknown`` elsewhere."""
+    fields = failures.proc_stat(pid)
+    if fields is None:
+        return "gone" if not failures.process_exists(pid) else "unknown"
+    return _STATES.get(fields[0], f"state {fields[0]}")
+
+
+class Board:
+    """The liveness keys of one process group in the job's store. Never raises on store errors."""
+
+    def __init__(self, store: Any, rank: int, world_size: int, generation: str):
+        import torch.distributed as dist
+
+        self.rank, self.world_size, self.generation = rank, world_size, generation
+        self._raw = store
+        self.store = dist.PrefixStore(f"{PREFIX}/{generation}", store)
+        self.posted: Post | None = None  # what this rank posted, if it did
+
+    def clone(self) -> "Board":
+        """The same board on a connection of its own (for another thread)."""
+        try:
+            store = self._raw.clone()
+        except (RuntimeError, AttributeError):  # a store type without clone(): share the object
+            store = self._raw
+        return Board(store, self.rank, self.world_size, self.generation)
+
+    # --- joining ------------------------------------------------------------------------------
+    def hello(self) -> None:
+        with contextlib.suppress(RuntimeError, OSError):
+            self.store.set(f"hello/{self.rank}", json.dumps({"pid": os.getpid(), "host": host_identity(),
+                                                              "hostname": socket.gethostname()}))
+            self._raw.set(f"{PREFIX}/current", self.generation)
+
+    def hellos(self) -> dict[int, dict[str, Any]]:
+        keys = [f"hello/{r}" for r in range(self.world_size)]
+        try:
+            if not self.store.check(keys):
+                return {}
+            return {r: json.loads(v) for r, v in enumerate(self.store.multi_get(keys))}
+        except (RuntimeError, OSError, ValueError):
+            return {}
+
+    # --- leaving --------------------------------------------------------------------------------
+    def post(self, state: str, reason: str, *, cause: str = "own", blame: Blame | None = None,
+             during: str | None = None) -> Post:
+        entry = Post(rank=self.rank, state=state, reason=reason, time=time.time(), pid=os.getpid(), cause=cause,
+                     blame=blame, during=during)
+        self.posted = entry
+        with contextlib.suppress(RuntimeError, OSError):
+            self.store.set(f"rank/{self.rank}", entry.to_json())
+            self.store.append("posted", f"{self.rank},")
+            self.store.add("count", 1)
+        return entry
+
+    def count(self) -> int:
+        """How many posts there are (raises RuntimeError when the store is gone)."""
+        return self.store.add("count", 0)
+
+    def read(self) -> dict[int, Post]:
+        """Every rank's post so far (the newest per rank)."""
+        try:
+            if not self.store.check(["posted"]):
+                return {}
+            ranks = sorted({int(r) for r in self.store.get("posted").decode().split(",") if r})
+            values = self.store.multi_get([f"rank/{r}" for r in ranks])
+            return {r: Post.from_json(v) for r, v in zip(ranks, values)}
+        except (RuntimeError, OSError, ValueError):
+            return {}
+
+    def neighbours(self) -> dict[int, int] | None:
+        """Same-host peers that said hello: rank -> pid (None until every rank has said hello)."""
+        hellos = self.hellos()
+        if not hellos:
+            return None
+        mine = hellos.get(self.rank, {}).get("host")
+        return {r: h["pid"] for r, h in hellos.items() if r != self.rank and h["host"] == mine}
+
+    def vanished(self, neighbours: dict[int, int]) -> int | None:
+        """A same-host peer whose process is gone without a post (killed by a signal), if any."""
+        gone = [rank for rank, pid in neighbours.items() if pid_gone(pid)]
+        if not gone:
+            return None
+        posts = self.read()  # a rank that posted and then exited is not news; one that vanished is
+        return next((rank for rank in gone if rank not in posts), None)
+
+    def first_peer_post(self) -> Post | None:
+        """The earliest post of another rank that stopped for a reason of its own, else the earliest."""
+        peers = [e for r, e in self.read().items() if r != self.rank]
+        own = [e for e in peers if e.cause == "own"]
+        return min(own or peers, key=lambda e: e.time, default=None)
+
+    # --- where the live ranks are ------------------------------------------------------------
+    def publish(self, where: Whereabouts) -> None:
+        with contextlib.suppress(RuntimeError, OSError):
+            self.store.set(f"where/{self.rank}", where.to_json())
+
+    def whereabouts(self) -> dict[int, Whereabouts]:
+        """Every rank's latest ``Whereabouts`` (ranks that never published are missing)."""
+        out: dict[int, Whereabouts] = {}
+        try:
+            for r in range(self.world_size):
+                key = f"where/{r}"
+                if self.store.check([key]):
+                    out[r] = Whereabouts.from_json(self.store.get(key))
+        except (RuntimeError, OSError, ValueError, TypeError):
+            pass
+        return out
+
+    # --- stacks on request ---------------------------------------------------------------------
+    def request_stacks(self, all_threads: bool = False) -> int:
+        """Ask every rank for its stack; the request's number (0 when the store is gone)."""
+        try:
+            number = self.store.add("stacks", 1)
+            self.store.set(f"stacks/{number}", "all" if all_threads else "main")
+            return number
+        except (RuntimeError, OSError):
+            return 0
+
+    def stack_requests(self) -> int:
+        """The newest request's number (raises RuntimeError when the store is gone)."""
+        return self.store.add("stacks", 0)
+
+    def request_kind(self, number: int) -> str:
+        with contextlib.suppress(RuntimeError, OSError):
+            if self.store.check([f"stacks/{number}"]):
+                return self.store.get(f"stacks/{number}").decode()
+        return "main"
+
+    def answer(self, number: int, text: str) -> None:
+        with contextlib.suppress(RuntimeError, OSError):
+            self.store.set(f"stack/{number}/{self.rank}", text)
+
+    def answers(self, number: int, ranks: list[int], wait_s: float) -> dict[int, str]:
+        """The answers of ``ranks`` to request ``number``, waiting up to ``wait_s`` for them."""
+        deadline = time.monotonic() + wait_s
+        got: dict[int, str] = {}
+        while True:
+            for r in ranks:
+                if r in got:
+                    continue
+                with contextlib.suppress(RuntimeError, OSError):
+                    if self.store.check([f"stack/{number}/{r}"]):
+                        got[r] = self.store.get(f"stack/{number}/{r}").decode(errors="replace")
+            if len(got) == len(ranks) or time.monotonic() >= deadline:
+                return got
+            time.sleep(0.1)
+
+    def claim(self, key: str) -> bool:
+        """True for the first rank to claim ``key`` (a stall report: one report, not one per rank)."""
+        try:
+            return self.store.compare_set(f"stall/{key}", "", str(self.rank)).decode() == str(self.rank)
+        except (RuntimeError, OSError):
+            return False

@@ -1,0 +1,120 @@
+"""The records that cross processes: how a rank left (``Post``), where a live rank is (``Whereabouts``).
+
+Each is written by one process and read by others — peers' watchdogs, the launcher's report —
+through the job's store (JSON) or torchelastic's error file. One frozen dataclass per kind, with
+its own JSON form, instead of dicts written and read in several places (torchelastic's
+``ProcessFailure`` is the model). Torch-free: the launcher's worker entry and report use them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Blame:
+    """The rank a stop is blamed on: ``rank 1 failed (ValueError: boom)``."""
+
+    rank: int
+    state: str  # "failed" | "finished" | "left" | "stuck" | "not responding"
+    reason: str = "no reason given"
+    stack: str | None = None  # where it was, for a stuck rank (its main thread's Python stack)
+
+    def describe(self) -> str:
+        return f"rank {self.rank} {self.state} ({self.reason})"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "Blame | None":
+        if not isinstance(data, dict) or "rank" not in data:
+            return None
+        return cls(int(data["rank"]), str(data.get("state", "left")), str(data.get("reason", "no reason given")),
+                   data.get("stack"))
+
+
+@dataclass(frozen=True)
+class Post:
+    """How a rank left: on the job's liveness board, and (as ``extraInfo["ringtrain"]``) in its error file.
+
+    ``cause``: ``"own"`` (its own error or exit) or ``"peer"`` (stopped because of ``blame``);
+    ``during``: the collective it was blocked in, when known.
+    """
+
+    rank: int
+    state: str  # "failed" | "finished" | "left"
+    reason: str
+    time: float
+    pid: int = 0
+    cause: str = "own"
+    blame: Blame | None = None
+    during: str | None = None
+
+    def as_blame(self) -> Blame:
+        """Who to blame for this post: the rank it blames, else itself."""
+        return self.blame or Blame(self.rank, self.state, self.reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Post":
+        return cls(rank=int(data.get("rank", -1)), state=str(data.get("state", "left")),
+                   reason=str(data.get("reason", "")), time=float(data.get("time", float("inf"))),
+                   pid=int(data.get("pid") or 0), cause=str(data.get("cause", "own")),
+                   blame=Blame.from_dict(data.get("blame")), during=data.get("during"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Post":
+        return cls.from_dict(json.loads(text))
+
+
+@dataclass(frozen=True)
+class Whereabouts:
+    """Where a live rank is, published by its watchdog thread (at most once a second).
+
+    ``beat`` is when it was written (wall clock): a rank whose beat stops while others wait is
+    frozen or stuck holding the GIL. ``phase`` is what ringtrain's own layers say the main thread
+    does (``data``, ``forward``, ``backward``, ``optimizer``, ``checkpoint``, ``evaluation``,
+    ``collective``, or ``""`` when unknown: a plain script); ``waiting`` the collective it is
+    blocked in (seen on its stack), since ``waiting_since``; ``site`` the user's ``file:line`` it
+    is at. ``seq`` counts the collectives ringtrain's own layers issued. ``times`` are the rolling
+    milliseconds per step (``data``, ``sync``, ``step``) and the steps they cover.
+    """
+
+    rank: int
+    pid: int
+    host: str  # host identity (hostname, boot id, pid namespace): pids compare only within one
+    hostname: str
+    beat: float
+    step: int = 0
+    epoch: int | None = None
+    phase: str = ""
+    phase_since: float = 0.0
+    waiting: str | None = None
+    waiting_since: float | None = None
+    seq: int = 0
+    site: str | None = None
+    times: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Whereabouts":
+        data = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def doing(self) -> str:
+        """``in backward (gradient all-reduce)`` / ``in its data step`` / ``at train.py:40``."""
+        if self.waiting:
+            return f"in {self.waiting}"
+        if self.phase:
+            return f"in its {self.phase} step" if self.phase in ("data", "forward", "backward", "optimizer") \
+                else f"in {self.phase}"
+        return "outside any collective"

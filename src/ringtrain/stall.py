@@ -1,0 +1,129 @@
+"""Reports about live ranks: a stalled collective, a rank that holds the others back, a run's per-rank times.
+
+Pure functions of the ranks' ``Whereabouts`` (records.py) and what they answered: the watchdog
+(watchdog.py) prints them during a run, the launcher (launcher/report.py) at its end. Torch-free.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+
+from .records import Whereabouts
+
+FRESH_S = 3.0  # a rank whose watchdog has not published for this long is not responding
+SLOW_SHARE = 0.2  # the others wait for one rank >= this share of their step: it is the bottleneck
+
+
+def _ago(since: float | None, now: float) -> str:
+    return f"{max(0.0, now - since):.0f} s" if since else "?"
+
+
+def _where(view: Whereabouts, now: float) -> str:
+    what = view.doing()
+    if view.waiting and view.phase in ("backward", "optimizer") or (view.waiting and "backward" in view.waiting):
+        what += f" of step {view.step + 1}"
+    elif not view.waiting and view.phase:
+        what += f" (step {view.step + 1})"
+    since = view.waiting_since if view.waiting else view.phase_since
+    return what + (f" at {view.site}" if view.site else "") + f", for {_ago(since, now)}"
+
+
+def responding(view: Whereabouts | None, now: float) -> bool:
+    return view is not None and now - view.beat <= FRESH_S
+
+
+def mismatch(views: dict[int, Whereabouts]) -> str | None:
+    """``rank 0 is in all_reduce #8 at train.py:40; rank 1 is in backward ... at train.py:52`` when every
+    rank waits, but not in the same collective."""
+    waiting = {r: v for r, v in views.items() if v.waiting}
+    if len(waiting) < 2 or len(waiting) != len(views):
+        return None
+    kinds = {(v.waiting, v.seq) for v in waiting.values()}
+    if len(kinds) == 1:
+        return None
+    return "; ".join(f"rank {r} is in {v.waiting}" + (f" at {v.site}" if v.site else "") for r, v in sorted(waiting.items()))
+
+
+def stall_report(reporter: int, world: int, views: dict[int, Whereabouts], stacks: dict[int, str],
+                 states: dict[int, str], next_in: float | None, now: float | None = None) -> str:
+    """The stall report: who waits and in what, who has not arrived and where it is (its stack), who
+    does not answer (with its process state where it is on this host)."""
+    now = time.time() if now is None else now
+    me = views.get(reporter)
+    waited = _ago(me.waiting_since if me else None, now)
+    lines = [f"ringtrain: stall: no progress for {waited}; rank {reporter} waits "
+             + (f"{_where(me, now)}." if me else "in a collective.")]
+    different = mismatch({r: v for r, v in views.items() if responding(v, now)})
+    if different:
+        lines.append(f"  the ranks are in different collectives: {different}")
+    waiting = sorted(r for r, v in views.items() if v.waiting and responding(v, now))
+    if waiting:
+        lines.append("  waiting:       " + "; ".join(f"rank {r} {_where(views[r], now)}" for r in waiting))
+    for r in range(world):
+        view = views.get(r)
+        if r in waiting:
+            continue
+        if not responding(view, now) or (r in states and r not in stacks):
+            state = f": {states[r]}" if r in states else ""
+            last = f"; its last word {_ago(view.beat, now)} ago: {_where(view, now)}" if view else ""
+            pid = f"pid {view.pid} on {view.hostname}" if view else "never published"
+            lines.append(f"  not responding: rank {r} ({pid}{state}){last}")
+            continue
+        lines.append(f"  not arrived:   rank {r} {_where(view, now)}" + (":" if stacks.get(r) else ""))
+        if stacks.get(r):
+            lines.append(textwrap.indent(stacks[r].rstrip(), "      "))
+    hint = ("HINT: every rank must reach the same collectives in the same order; the stacks above show "
+            "where the others are. `kill -USR1 <ringtrain run pid>` (or `ringtrain stacks <pid>`) prints every "
+            "rank's stack now.")
+    if next_in:
+        hint += f" Next report in {next_in:.0f} s unless the job moves on."
+    lines.append(hint)
+    return "\n".join(lines)
+
+
+def bottleneck(views: dict[int, Whereabouts]) -> tuple[int, str] | None:
+    """(rank, line) when one rank holds the others back: its peers wait for it >= ``SLOW_SHARE`` of their step.
+
+    A rank waits for the others inside its synchronising part (backward and the optimizer step,
+    where the gradient all-reduce completes): the rank that waits least there is the one the others
+    wait for, and how long each other rank waits is how much longer its synchronising part takes.
+    """
+    timed = {r: v.times for r, v in views.items() if v.times.get("steps", 0) >= 5 and v.times.get("step", 0) > 0}
+    if len(timed) < 2 or len(timed) != len(views):
+        return None
+    slow = min(timed, key=lambda r: timed[r]["sync"])
+    others = [r for r in timed if r != slow]
+    waits = {r: timed[r]["sync"] - timed[slow]["sync"] for r in others}
+    if min(waits[r] / timed[r]["step"] for r in others) < SLOW_SHARE:
+        return None
+    mine = timed[slow]
+    data_others = sorted(timed[r]["data"] for r in others)[len(others) // 2]
+    compute = {r: timed[r]["step"] - timed[r]["data"] - (waits.get(r, 0.0)) for r in timed}
+    compute_others = sorted(compute[r] for r in others)[len(others) // 2]
+    if mine["data"] - data_others >= compute[slow] - compute_others:
+        where = f"data loading {mine['data']:.0f} ms/step (the others {data_others:.0f})"
+    else:
+        where = f"compute {compute[slow]:.0f} ms/step (the others {compute_others:.0f})"
+    wait = sorted(waits.values())[len(waits) // 2]
+    return slow, (f"ringtrain: rank {slow} is the slowest: {where}; the others wait {wait:.0f} ms/step for it "
+                  f"({100 * wait / timed[others[0]]['step']:.0f}% of their step).")
+
+
+def per_rank_summary(views: dict[int, Whereabouts]) -> str | None:
+    """The end-of-run table: steps, ms/step, and the share of data wait, compute and waiting for the others."""
+    rows = {r: v.times for r, v in sorted(views.items()) if v.times.get("steps")}
+    if not rows:
+        return None
+    fastest_sync = min(t["total_sync"] / t["steps"] for t in rows.values())
+    lines = ["ringtrain: per-rank step times (ms/step; data = waiting for the loader, wait = waiting for the "
+             "other ranks):", "  rank  steps  ms/step   data %  compute %  wait %"]
+    for r, t in rows.items():
+        steps = t["steps"]
+        step = t["total_step"] / steps
+        data = t["total_data"] / steps
+        wait = max(0.0, t["total_sync"] / steps - fastest_sync)
+        compute = max(0.0, step - data - wait)
+        pct = (lambda x: 100 * x / step) if step else (lambda x: 0.0)
+        lines.append(f"  {r:>4}  {steps:>5.0f}  {step:>7.1f}  {pct(data):>7.1f}  {pct(compute):>9.1f}  {pct(wait):>6.1f}")
+    return "\n".join(lines)
