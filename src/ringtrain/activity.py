@@ -35,6 +35,7 @@ _COLLECTIVE_FILES = (
     f"{os.sep}ringtrain{os.sep}sharded.py",
 )
 _BACKWARD_FILES = (f"{os.sep}torch{os.sep}autograd{os.sep}",)
+_WRAPPERS = ("wrapper", "inner", "_fn", "decorate_context")  # decorators around torch.distributed's functions
 WINDOW = 50  # steps the rolling times cover
 
 
@@ -121,7 +122,8 @@ def collective_in_progress(backward_syncs: bool) -> str | None:
     while frame is not None:
         filename = frame.f_code.co_filename
         if any(part in filename for part in _COLLECTIVE_FILES):
-            found = frame.f_code.co_name  # keep the outermost: the call the user made
+            if frame.f_code.co_name not in _WRAPPERS:
+                found = frame.f_code.co_name  # keep the outermost: the call the user made
         elif backward_syncs and any(part in filename for part in _BACKWARD_FILES):
             found = "backward (gradient all-reduce)"
         frame = frame.f_back
@@ -165,12 +167,22 @@ def user_site(frame=None) -> str | None:
     return None
 
 
+_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher", "worker.py")
+
+
+def _is_machinery(entry: str) -> bool:
+    """A stack entry of what runs the user's script (ringtrain's worker entry, runpy): not theirs to read."""
+    head = entry.lstrip().split("\n", 1)[0]
+    return head.startswith((f'File "{_WORKER}"', 'File "<frozen runpy>"')) or f"{os.sep}runpy.py\"" in head
+
+
 def format_stacks(all_threads: bool = False, limit: int = 40) -> str:
     """The main thread's Python stack (or every thread's), most recent call last, as a traceback shows it."""
     frames = sys._current_frames()
     threads = {t.ident: t for t in threading.enumerate()}
     main = threading.main_thread().ident
-    idents = [main] + ([i for i in frames if i != main] if all_threads else [])
+    me = threading.get_ident()  # the thread asking (the watchdog): not what anyone wants to see
+    idents = [main] + ([i for i in frames if i not in (main, me)] if all_threads else [])
     parts = []
     for ident in idents:
         frame = frames.get(ident)
@@ -178,6 +190,6 @@ def format_stacks(all_threads: bool = False, limit: int = 40) -> str:
             continue
         thread = threads.get(ident)
         name = thread.name if thread is not None else f"thread {ident}"
-        lines = traceback.format_stack(frame)[-limit:]
+        lines = [entry for entry in traceback.format_stack(frame) if not _is_machinery(entry)][-limit:]
         parts.append(f"Thread {name!r} (most recent call last):\n" + "".join(lines).rstrip())
     return "\n".join(parts)

@@ -82,7 +82,17 @@ class Board:
         with contextlib.suppress(RuntimeError, OSError):
             self.store.set(f"hello/{self.rank}", json.dumps({"pid": os.getpid(), "host": host_identity(),
                                                               "hostname": socket.gethostname()}))
+            self.store.set("world", str(self.world_size))
             self._raw.set(f"{PREFIX}/current", self.generation)
+
+    def hellos_so_far(self) -> dict[int, dict[str, Any]]:
+        """The hellos posted so far (the ranks that joined), rank by rank."""
+        out = {}
+        for r in range(self.world_size):
+            with contextlib.suppress(RuntimeError, OSError, ValueError):
+                if self.store.check([f"hello/{r}"]):
+                    out[r] = json.loads(self.store.get(f"hello/{r}"))
+        return out
 
     def hellos(self) -> dict[int, dict[str, Any]]:
         keys = [f"hello/{r}" for r in range(self.world_size)]
@@ -204,3 +214,26 @@ class Board:
             return self.store.compare_set(f"stall/{key}", "", str(self.rank)).decode() == str(self.rank)
         except (RuntimeError, OSError):
             return False
+
+
+def job_board(store: Any = None, master: tuple[str, int] | None = None) -> "Board | None":
+    """The newest generation's board of a job, for the launcher (it hosts the store, or reaches ``master``);
+    None when no rank has joined a process group yet, or the store cannot be reached."""
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        if store is None:
+            if master is None:
+                return None
+            store = dist.TCPStore(master[0], master[1], is_master=False, timeout=datetime.timedelta(seconds=3),
+                                  wait_for_workers=False)
+        key = f"{PREFIX}/current"
+        if not store.check([key]):
+            return None
+        generation = store.get(key).decode()
+        world = int(store.get(f"{PREFIX}/{generation}/world").decode())
+    except (RuntimeError, OSError, ValueError):
+        return None
+    return Board(store, -1, world, generation)

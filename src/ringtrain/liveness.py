@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import faulthandler
+import signal
 import sys
 import time
 import traceback
@@ -83,6 +84,11 @@ class Membership:
     def start(self) -> None:
         global ACTIVE
         self.board.hello()
+        if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+            # kill -USR1 <this rank>: its stacks, even while blocked in a collective (plain torchrun too).
+            # Only where nobody handles SIGUSR1 (Slurm's --signal=USR1 requeue handlers keep theirs).
+            with contextlib.suppress(RuntimeError, ValueError):
+                faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
         if self.watchdog is not None:
             self.watchdog.start()
         self._previous_hook = sys.excepthook

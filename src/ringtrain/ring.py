@@ -24,6 +24,7 @@ from .optim import NoSyncWindow, NonFiniteGuard, RingScheduler, ScalerSteps, rep
 from .progress import Progress
 from .resume import Resumer, move_optimizer_state
 from .seeding import configure_kernels, seed_everything
+from .stall import per_rank_stats
 from .step import Step
 from .strategies import BackwardSyncControl, PipelineSchedule, Strategy
 from .strategies._group import as_timeout
@@ -35,12 +36,9 @@ DEFAULT_TIMEOUT_S = 1800.0
 class Ring:
     """Everything a training loop needs to run on one device or many, unchanged.
 
-    ``strategy``: ``"auto"`` (DDP when launched with several processes, else one device), a
-    name (``"single"``, ``"dp"``, ``"ddp"``, ``"fsdp"``, ``"hvd"``), or an object with its own options:
-    ``rt.strategies.DDP(find_unused_parameters=True)``, ``rt.strategies.FSDP(replicate=2)``,
-    ``rt.strategies.Horovod(compression="fp16")``, ``rt.strategies.Pipeline(stages=2, microbatches=8)``,
-    ``rt.strategies.DataParallel()``.
-    Where: ``device``, ``backend``, ``init_method`` (+ ``world_size``, ``rank``: no launcher
+    ``strategy``: ``"auto"`` (DDP when launched with several processes, else one device), a name
+    (``"single"``, ``"dp"``, ``"ddp"``, ``"fsdp"``, ``"hvd"``), or an object with its own options:
+    ``rt.strategies.DDP(find_unused_parameters=True)``, ``rt.strategies.FSDP(replicate=2)``... Where: ``device``, ``backend``, ``init_method`` (+ ``world_size``, ``rank``: no launcher
     needed), ``timeout`` (seconds, forming the group and every collective). How: ``accumulate``,
     ``precision`` (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``), ``sync_batchnorm``, ``seed``,
     ``deterministic``, ``cudnn_benchmark``. Safety: ``checkpoint_dir`` + ``save_every`` +
@@ -148,14 +146,10 @@ class Ring:
     # --- model, optimizer, data ------------------------------------------------
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
               **options: Any):
-        """Prepare ``model`` (and ``optimizer``, ``scheduler``); returns them in that order.
-
-        The model gets SyncBatchNorm if asked, moves to the device, runs its forward under the
-        precision's autocast and is wrapped for the strategy, from rank 0's weights. The optimizer
-        (same object) steps and zeroes gradients only on accumulation boundaries, through the fp16
-        scaler; the scheduler steps only after a real step. ``options`` go to the strategy that
-        understands them (DDP's ``find_unused_parameters``...); the others ignore them.
-        """
+        """Prepare ``model`` (and ``optimizer``, ``scheduler``); returns them in that order. The model gets
+        SyncBatchNorm if asked, the precision, its device and the strategy's wrap or shards, from rank 0's weights.
+        The optimizer (same object) steps and zeroes gradients on accumulation boundaries only, through the fp16
+        scaler; the scheduler steps after a real step. ``options`` go to the strategy that understands them."""
         strategies.check_setup(self.strategy, model, optimizer, scheduler, options)
         if self.sync_batchnorm:
             from .syncbn import convert_sync_batchnorm
@@ -332,6 +326,10 @@ class Ring:
         if self.is_main:
             kwargs.setdefault("flush", True)
             print(*args, **kwargs)
+
+    def stats(self) -> dict[int, dict[str, float]]:
+        """Per rank (collective): steps, ms/step and the % of a step waiting for data, computing, waiting for the others."""
+        return per_rank_stats(dict(enumerate(self.strategy.gather_object(ACTIVITY.times.summary()))))
 
     def progress(self, iterable: Iterable[Any], desc: str | None = None, total: int | None = None) -> Progress:
         """A progress bar (loss, samples/s) on the main process; a pass-through elsewhere."""

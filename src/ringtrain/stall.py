@@ -26,7 +26,7 @@ def _where(view: Whereabouts, now: float) -> str:
     elif not view.waiting and view.phase:
         what += f" (step {view.step + 1})"
     since = view.waiting_since if view.waiting else view.phase_since
-    return what + (f" at {view.site}" if view.site else "") + f", for {_ago(since, now)}"
+    return what + (f" at {view.site}" if view.site else "") + (f", for {_ago(since, now)}" if since else "")
 
 
 def responding(view: Whereabouts | None, now: float) -> bool:
@@ -46,7 +46,8 @@ def mismatch(views: dict[int, Whereabouts]) -> str | None:
 
 
 def stall_report(reporter: int, world: int, views: dict[int, Whereabouts], stacks: dict[int, str],
-                 states: dict[int, str], next_in: float | None, now: float | None = None) -> str:
+                 states: dict[int, str], next_in: float | None, now: float | None = None,
+                 hellos: dict[int, dict] | None = None) -> str:
     """The stall report: who waits and in what, who has not arrived and where it is (its stack), who
     does not answer (with its process state where it is on this host)."""
     now = time.time() if now is None else now
@@ -67,7 +68,9 @@ def stall_report(reporter: int, world: int, views: dict[int, Whereabouts], stack
         if not responding(view, now) or (r in states and r not in stacks):
             state = f": {states[r]}" if r in states else ""
             last = f"; its last word {_ago(view.beat, now)} ago: {_where(view, now)}" if view else ""
-            pid = f"pid {view.pid} on {view.hostname}" if view else "never published"
+            hello = (hellos or {}).get(r, {})
+            pid = (f"pid {view.pid} on {view.hostname}" if view else
+                   f"pid {hello['pid']} on {hello.get('hostname', '?')}" if "pid" in hello else "never joined")
             lines.append(f"  not responding: rank {r} ({pid}{state}){last}")
             continue
         lines.append(f"  not arrived:   rank {r} {_where(view, now)}" + (":" if stacks.get(r) else ""))
@@ -110,14 +113,15 @@ def bottleneck(views: dict[int, Whereabouts]) -> tuple[int, str] | None:
                   f"({100 * wait / timed[others[0]]['step']:.0f}% of their step).")
 
 
-def per_rank_summary(views: dict[int, Whereabouts]) -> str | None:
-    """The end-of-run table: steps, ms/step, and the share of data wait, compute and waiting for the others."""
-    rows = {r: v.times for r, v in sorted(views.items()) if v.times.get("steps")}
+def per_rank_stats(times: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    """Each rank's whole-run ``steps``, ``ms_per_step`` and the percent of a step spent waiting for data
+    (``data_pct``), computing (``compute_pct``) and waiting for the other ranks (``wait_pct``: how much
+    longer its synchronising part took than the fastest rank's). ``times``: ``StepTimes.summary()`` by rank."""
+    rows = {r: t for r, t in sorted(times.items()) if t.get("steps")}
     if not rows:
-        return None
+        return {}
     fastest_sync = min(t["total_sync"] / t["steps"] for t in rows.values())
-    lines = ["ringtrain: per-rank step times (ms/step; data = waiting for the loader, wait = waiting for the "
-             "other ranks):", "  rank  steps  ms/step   data %  compute %  wait %"]
+    out = {}
     for r, t in rows.items():
         steps = t["steps"]
         step = t["total_step"] / steps
@@ -125,5 +129,19 @@ def per_rank_summary(views: dict[int, Whereabouts]) -> str | None:
         wait = max(0.0, t["total_sync"] / steps - fastest_sync)
         compute = max(0.0, step - data - wait)
         pct = (lambda x: 100 * x / step) if step else (lambda x: 0.0)
-        lines.append(f"  {r:>4}  {steps:>5.0f}  {step:>7.1f}  {pct(data):>7.1f}  {pct(compute):>9.1f}  {pct(wait):>6.1f}")
+        out[r] = {"steps": int(steps), "ms_per_step": step, "data_pct": pct(data), "compute_pct": pct(compute),
+                  "wait_pct": pct(wait)}
+    return out
+
+
+def per_rank_summary(times: dict[int, dict[str, float]]) -> str | None:
+    """The end-of-run table: steps, ms/step, and the share of data wait, compute and waiting for the others."""
+    stats = per_rank_stats(times)
+    if not stats:
+        return None
+    lines = ["ringtrain: per-rank step times (data = waiting for the loader, wait = waiting for the other ranks):",
+             "  rank  steps  ms/step  data %  compute %  wait %"]
+    for r, s in stats.items():
+        lines.append(f"  {r:>4}  {s['steps']:>5}  {s['ms_per_step']:>7.1f}  {s['data_pct']:>6.1f}  "
+                     f"{s['compute_pct']:>9.1f}  {s['wait_pct']:>6.1f}")
     return "\n".join(lines)

@@ -193,8 +193,8 @@ class StallInspector(Check):
         views = dog.board.whereabouts()  # fresher, now that the others answered
         states = dog.states_of([r for r in others if r not in stacks])
         next_in = dog.stall_warning * 2 ** self.reports
-        print(stall.stall_report(dog.board.rank, dog.board.world_size, views, stacks, states, next_in),
-              file=sys.stderr, flush=True)
+        print(stall.stall_report(dog.board.rank, dog.board.world_size, views, stacks, states, next_in,
+                                 hellos=dog.board.hellos_so_far()), file=sys.stderr, flush=True)
         return None
 
 

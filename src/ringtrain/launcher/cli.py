@@ -33,6 +33,7 @@ COMMANDS: dict[str, Command] = {
     "env": Command("ringtrain.launcher.env_info", "print versions, devices, backends and launcher variables for a bug report"),
     "bench": Command("ringtrain.bench.cli", "measure every mode (single, dp, ddp, accumulate, hvd, pipeline, raw DDP) on this machine"),
     "doctor": Command("ringtrain.doctor.cli", "read a plain PyTorch distributed script and name the traps it falls into"),
+    "stacks": Command("ringtrain.launcher.stacks", "make every rank of a running job print its Python stack (kill -USR1)"),
     "consolidate": Command("ringtrain.launcher.consolidate", "turn a sharded checkpoint folder into one plain torch.save file"),
 }
 

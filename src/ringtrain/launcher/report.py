@@ -38,6 +38,11 @@ HINTS = {
     "stuck": "the stack above is where that rank was while the others waited for it in a collective: a "
     "data loader or a loop that does not end, a rank that takes another branch, or a process stopped "
     "(SIGSTOP, a debugger). Ring(stall_warning=...) reports such stalls while the job runs.",
+    "abort": "native code aborted the process (SIGABRT); its message is above the faulthandler dump. With Gloo, "
+    "\"Received data size doesn't match expected size\" means the ranks called different collectives (or one "
+    "with other sizes): the dump shows this rank's call, the lines above where the others were.",
+    "mismatch": "every rank must call the same collectives in the same order: look at the lines above for the "
+    "call one rank makes and the other does not (a branch on the rank, or on per-rank data).",
     "peer": "every rank must make the same collective calls until the end: a rank that returns, "
     "breaks out of its loop or calls ring.close() early leaves the others waiting (look for a branch "
     "on the rank or on per-rank data, e.g. a dataset that is empty on one rank).",
@@ -120,8 +125,35 @@ def stuck_blame(failures: dict[int, Any], rank: int) -> Blame | None:
     return None
 
 
-def format_child_failure(error: Any, node_rank: int) -> str:
-    """The report for a ``ChildFailedError`` raised by this node's agent."""
+def run_summary(board: Any) -> str | None:
+    """The per-rank step times of a finished job (ring loops publish them), or None."""
+    if board is None:
+        return None
+    from ..stall import per_rank_summary
+
+    return per_rank_summary({r: v.times for r, v in board.whereabouts().items()})
+
+
+def whereabouts_lines(board: Any) -> list[str]:
+    """Where every rank was last seen: for a job that died in a collective (a mismatch aborts Gloo)."""
+    if board is None:
+        return []
+    from ..stall import mismatch
+
+    views = board.whereabouts()
+    if not views:
+        return []
+    lines = ["", "Where the ranks were last seen:"]
+    lines += [f"  rank {r}: {v.doing()}" + (f" at {v.site}" if v.site else "") + f" (step {v.step + 1})"
+              for r, v in sorted(views.items())]
+    different = mismatch(views)
+    if different:
+        lines += ["", f"The ranks were in different collectives: {different}."]
+    return lines
+
+
+def format_child_failure(error: Any, node_rank: int, board: Any = None) -> str:
+    """The report for a ``ChildFailedError`` raised by this node's agent (``board``: the job's, when known)."""
     rank, failure, blame = first_cause(error.failures)
     where = (f"local rank {failure.local_rank} on node {node_rank}, host {socket.gethostname()}, pid {failure.pid}, "
              f"{describe_exit(failure.exitcode)}")  # failures are always this node's: one agent per node
@@ -153,12 +185,19 @@ def format_child_failure(error: Any, node_rank: int) -> str:
         if traceback:
             lines += ["", f"Traceback from rank {rank}:", user_frames(traceback).rstrip()]
             hint = HINTS["exception"]
+        elif failure.exitcode == -signal.SIGABRT:
+            hint = HINTS["abort"]
         elif failure.exitcode < 0:
             hint = HINTS["signal"]
         else:
             lines += ["", f"rank {rank} left no Python traceback (its exception was raised before ringtrain's "
                       "worker entry point ran, or it exited from native code)."]
             hint = HINTS["exit"]
+    seen = whereabouts_lines(board)
+    if seen and (failure.exitcode < 0 or any("different collectives" in line for line in seen)):
+        lines += seen  # a rank killed by a signal (Gloo aborts on mismatched collectives) left no traceback
+        if any("different collectives" in line for line in seen):
+            hint = HINTS["mismatch"]
     others = sorted(r for r in error.failures if r != rank)
     if others:
         lines += ["", "Other ranks that ended abnormally (usually stopped by the launcher after the first "

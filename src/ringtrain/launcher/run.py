@@ -560,7 +560,9 @@ def execute(plan: Plan) -> int:
     from ..failures import stop_leftover_groups
     from . import rendezvous
     from .ports import host_store, is_loopback, keep_gloo_on_loopback
-    from .report import format_child_failure
+    from ..board import job_board
+    from .report import format_child_failure, run_summary
+    from .stacks import StackRequests
 
     rendezvous.register()
 
@@ -586,13 +588,16 @@ def execute(plan: Plan) -> int:
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
     args = torchrun_args(plan, port)
+    # kill -USR1 on this process (ringtrain stacks): every rank prints its stack (stacks.py).
+    requests = StackRequests((plan.master_addr, port), store)
+    requests.install()
     try:
         # run(), not main(): main's @record would print torchelastic's own failure summary.
         torchrun.run(args)
     except ChildFailedError as e:
         # A worker killed by a signal had no say: what it started may live on (failures.py).
         stop_leftover_groups(failure.pid for failure in e.failures.values())
-        print(format_child_failure(e, plan.node_rank), file=sys.stderr)
+        print(format_child_failure(e, plan.node_rank, job_board(store)), file=sys.stderr)
         return 1
     except SignalException as e:
         print(f"ringtrain run: stopped by {e.sigval.name}; all workers on this node were stopped.", file=sys.stderr)
@@ -600,7 +605,11 @@ def execute(plan: Plan) -> int:
     except (DistError, RendezvousError) as e:
         raise _rendezvous_failure(plan, port, e) from e
     finally:
-        del store
+        requests.uninstall()
+    summary = run_summary(job_board(store))
+    if summary:
+        print(summary, file=sys.stderr)
+    del store
     return 0
 
 

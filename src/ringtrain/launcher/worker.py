@@ -108,6 +108,48 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)  # the parent died before the request was in place: nobody is left to report to
 
 
+def answer_sigusr1() -> None:
+    """``kill -USR1 <worker>``: print this worker's stacks (every thread), go on. faulthandler's handler
+    works even while the main thread is blocked in native code (a collective)."""
+    if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)  # a handler the script sets wins
+
+
+def observe_plain_script(poll_s: float = 1.0) -> None:
+    """A script that uses torch.distributed without ringtrain's API still gets the stall report and stacks on
+    request: once it has formed its process group (and no ring watches it), a watchdog thread that only
+    observes — publishes where this rank is, answers stack requests, reports a stall — joins the board.
+    Nothing is imported before the script imports torch itself."""
+
+    def wait_and_watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            dist = sys.modules.get("torch.distributed")
+            if dist is not None and getattr(dist, "is_initialized", lambda: False)():
+                break
+        time.sleep(2 * poll_s)  # a ring forms its group and then starts its own watchdog: let it
+        from ringtrain import environments, liveness, watchdog
+
+        if liveness.ACTIVE is not None or liveness.LAST is not None:
+            return
+        env = environments.detect()
+        if env.world_size < 2:
+            return
+        board = liveness.plain_board(env.master_addr, env.master_port, env.rank, env.world_size,
+                                     f"{env.restart_count}-0")
+        if board is None:
+            return
+        try:
+            stall_warning = watchdog.stall_warning_of()
+        except Exception:  # a bad RINGTRAIN_STALL_WARNING: the ring would say so; here keep the default
+            stall_warning = watchdog.STALL_WARNING_S
+        board.hello()
+        watchdog.Watchdog(board, backward_syncs=True, error_file=None, stall_warning=stall_warning,
+                          checks=watchdog.default_checks(stopping=False)).start()
+
+    threading.Thread(target=wait_and_watch, name="ringtrain-observer", daemon=True).start()
+
+
 def _argv_for(target: str, local_rank_arg: str, args: list) -> list:
     if local_rank_arg == "none":
         return [target, *args]
@@ -222,6 +264,8 @@ def main(argv: list) -> None:
         )
     mode, local_rank_arg, launcher_pid, target, *args = argv
     die_with_parent(int(launcher_pid))  # the agent (`ringtrain run`) started this process
+    answer_sigusr1()
+    observe_plain_script()
     if horovod:
         become_horovod_worker()
     argv = _argv_for(target, local_rank_arg, args)
