@@ -27,6 +27,13 @@ STALL_STEP = 3
 STEPS = 10_000
 
 
+def say(text: str) -> None:
+    """One line to stdout in one write: the ranks share the launcher's stdout, and print() writes the
+    text and the newline separately (lines of two ranks would run together)."""
+    sys.stdout.write(f"JOB {text}\n")
+    sys.stdout.flush()
+
+
 def _dataset(mode: str, rank: int):
     import torch
     from torch.utils.data import Dataset
@@ -63,7 +70,7 @@ def ring_job(mode: str, timeout: float | None, steps: int) -> None:
     for x, y in loader:
         if step == STALL_STEP:
             time.sleep(1.5)  # every rank's watchdog has published where it is (once a second)
-            print(f"JOB fault rank={ring.rank} mode={mode} t={time.time():.3f}", flush=True)
+            say(f"fault rank={ring.rank} mode={mode} t={time.time():.3f}")
             if mode == "spin" and ring.rank == 1:
                 deadline = time.monotonic() + 10_000
                 while time.monotonic() < deadline:
@@ -78,10 +85,10 @@ def ring_job(mode: str, timeout: float | None, steps: int) -> None:
         step += 1
         if step >= steps:
             break
-    print(f"JOB done rank={ring.rank} steps={step}", flush=True)
+    say(f"done rank={ring.rank} steps={step}")
     stats = ring.stats()
     if ring.is_main:
-        print(f"JOB stats {stats}", flush=True)
+        say(f"stats {stats}")
     ring.close()
 
 
@@ -93,10 +100,10 @@ def plain_job() -> None:
     rank = dist.get_rank()
     for step in range(STEPS):
         if step == STALL_STEP and rank == 1:
-            print(f"JOB fault rank=1 mode=plain t={time.time():.3f}", flush=True)
+            say(f"fault rank=1 mode=plain t={time.time():.3f}")
             time.sleep(10_000)
         dist.all_reduce(torch.ones(4))
-    print("JOB done", flush=True)
+    say("done")
 
 
 def slow_loader_job(steps: int) -> None:
@@ -135,8 +142,8 @@ def slow_loader_job(steps: int) -> None:
                 break
     stats = ring.stats()
     if ring.is_main:
-        print(f"JOB stats {stats}", flush=True)
-    print(f"JOB done rank={ring.rank}", flush=True)
+        say(f"stats {stats}")
+    say(f"done rank={ring.rank}")
     ring.close()
 
 

@@ -72,11 +72,11 @@ class Membership:
     """This process's place on the board, its watchdog and its exit hooks, for one process group."""
 
     def __init__(self, board: Board, *, backward_syncs: bool, error_file: str | None, watch: bool = True,
-                 stall_warning: float | None = STALL_WARNING_S, stopping: bool = True):
+                 stall_warning: float | None = STALL_WARNING_S, stopping: bool = True, note: str | None = None):
         self.board = board
         self.error_file = error_file
         self.watchdog = Watchdog(board, backward_syncs=backward_syncs, error_file=error_file,
-                                 stall_warning=stall_warning,
+                                 stall_warning=stall_warning, note=note,
                                  checks=None if stopping else default_checks(stopping=False)) if watch else None
         self._previous_hook: Any = None
         self._left = False
@@ -101,9 +101,11 @@ class Membership:
             entry = self.fail(format_exception_line(value), value)
             if entry.blame is not None:
                 # Under srun or plain torchrun nobody else reads the board: say here who caused it.
+                note = self.watchdog.note if self.watchdog is not None and timed_out(value) else None
                 print(f"ringtrain: rank {self.board.rank} stopped because {entry.blame.describe()}; "
                       "the job cannot go on without it." + (f" Its stack:\n{entry.blame.stack}" if entry.blame.stack
-                                                            else ""), file=sys.stderr, flush=True)
+                                                            else "") + (f"\n{note}" if note else ""),
+                      file=sys.stderr, flush=True)
             bound_exit()  # the atexit handlers and finalization that follow may not wait on peers
 
     def fail(self, reason: str, error: BaseException | None = None) -> Post:

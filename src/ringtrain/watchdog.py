@@ -193,8 +193,9 @@ class StallInspector(Check):
         views = dog.board.whereabouts()  # fresher, now that the others answered
         states = dog.states_of([r for r in others if r not in stacks])
         next_in = dog.stall_warning * 2 ** self.reports
-        print(stall.stall_report(dog.board.rank, dog.board.world_size, views, stacks, states, next_in,
-                                 hellos=dog.board.hellos_so_far()), file=sys.stderr, flush=True)
+        report = stall.stall_report(dog.board.rank, dog.board.world_size, views, stacks, states, next_in,
+                                    hellos=dog.board.hellos_so_far())
+        print(report + (f"\n{dog.note}" if dog.note else ""), file=sys.stderr, flush=True)
         return None
 
 
@@ -232,8 +233,10 @@ class Watchdog(threading.Thread):
 
     def __init__(self, board: Board, *, backward_syncs: bool, error_file: str | None,
                  interval: float = POLL_S, grace: float = GRACE_S, stall_warning: float | None = STALL_WARNING_S,
-                 stop: Callable[[str, dict[str, Any]], None] | None = None, checks: list[Check] | None = None):
+                 stop: Callable[[str, dict[str, Any]], None] | None = None, checks: list[Check] | None = None,
+                 note: str | None = None):
         super().__init__(name="ringtrain-watchdog", daemon=True)
+        self.note = note  # a line stall reports end with (NCCL's flight recorder: flight.py)
         self.board = board.clone()
         self.backward_syncs = backward_syncs
         self.error_file = error_file

@@ -18,13 +18,15 @@ from __future__ import annotations
 import atexit
 import datetime
 import json
+import os
+import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 from torch.distributed.rendezvous import rendezvous
 
-from .. import devices, liveness
+from .. import devices, flight, liveness
 from ..environments import Environment
 from ..errors import RingtrainError
 
@@ -104,6 +106,9 @@ class ProcessGroup:
         if self._device.type == "cuda":
             torch.cuda.set_device(self._device)
         generation = f"{self.env.restart_count}-{_formations}"
+        # NCCL's flight recorder: read by torch from the environment only, before the group forms (flight.py).
+        os.environ.update(flight.settings(self.backend, os.environ, tempfile.gettempdir(),
+                                          os.environ.get("TORCHELASTIC_RUN_ID") or str(os.getpid())))
         board = None
         if self.world_size > 1:
             board = liveness.Board(raw, self.rank, self.world_size, generation)
@@ -124,7 +129,8 @@ class ProcessGroup:
         self.store = dist.PrefixStore(f"ringtrain/{generation}", raw)  # this formation's keys only
         if board is not None:
             self.membership = liveness.Membership(board, backward_syncs=self.backward_syncs,
-                                                  error_file=self.env.error_file, stall_warning=self.stall_warning)
+                                                  error_file=self.env.error_file, stall_warning=self.stall_warning,
+                                                  note=flight.note(self.backend, os.environ))
             self.membership.start()
             atexit.register(self._at_exit)
 
