@@ -212,11 +212,20 @@ Failure modes
    a collective. Processes the workers started themselves get no such signal.
 9. A rank waiting in a collective when a peer dies or raises is stopped with the rest
    (failure mode 1), within seconds. A hang *inside* training with every rank alive (a
-   collective some ranks never call) is not a launcher failure: the process group's own
-   timeout applies (``init_process_group(timeout=...)`` or ``Ring(timeout=...)``; by
-   default 10 minutes for NCCL, 30 for Gloo).
+   data loader that never returns, a stopped process, a collective some ranks never call)
+   is reported once a rank has waited ``stall_warning`` seconds (default 60;
+   ``RINGTRAIN_STALL_WARNING=S`` for scripts without a ring): one report naming who waits,
+   who has not arrived, where (file:line and Python stack) and who does not answer, again
+   at growing intervals. The job goes on until the process group's own timeout
+   (``init_process_group(timeout=...)`` or ``Ring(timeout=...)``; 30 minutes by default),
+   and then the report blames the rank that never arrived, not the one that waited.
+   ``kill -USR1`` on ``ringtrain run`` (``ringtrain stacks``) makes every rank print its
+   stacks, prefixed ``[rank N]``, without stopping the job.
 10. With a host list, a node that fails (or an ssh that cannot log in: exit 255, with a
     HINT) makes ``ringtrain run`` stop the other nodes and exit with that node's code.
+
+A job that ends well prints, on node 0, each rank's steps, ms/step and how much of a step went to
+waiting for data, computing and waiting for the other ranks (scripts that train through a ring).
 
 Exit codes: 0 success, 1 a worker or the rendezvous failed, 2 wrong arguments,
 128+N stopped by signal N.
