@@ -28,7 +28,7 @@ from ringtrain.records import Whereabouts
 
 pytestmark = pytest.mark.timeout(120)
 
-WARNING_S = 4
+WARNING_S = 3
 JOBS = jobs.__file__
 # rank 1's never-ending data step (time.sleep in __getitem__), as file:line
 _LINE = next(i for i, text in enumerate(open(JOBS), 1) if "# the data step that never ends" in text)
@@ -107,7 +107,7 @@ def test_a_frozen_rank_is_named_as_not_responding_with_its_process_state():
 
 
 def test_a_timeout_blames_the_stuck_rank_not_the_one_that_waited():
-    with Job("data", "--timeout", "12", warning=None) as job:  # the default stall warning (60 s) never fires
+    with Job("data", "--timeout", "8", warning=None) as job:  # the default stall warning (60 s) never fires
         job.wait_for(r"^ringtrain run: rank 1 was stuck", 60)
         job.proc.wait(30)
         report = job.text[job.text.index("ringtrain run:"):]
@@ -130,7 +130,7 @@ def test_stacks_on_demand_from_every_rank_without_stopping_the_job():
 
 
 def test_the_slowest_rank_is_named_with_where_its_time_goes():
-    with Job("slow", "--steps", "250", warning=None) as job:
+    with Job("slow", "--steps", "200", warning=None) as job:
         job.wait_for(r"^JOB stats", 90)
         job.proc.wait(60)
         text = job.text

@@ -33,7 +33,7 @@ def _cases():
         ("ringtrain-run", "plain", "raise"), ("ringtrain-run", "plain", "return"),
         ("ringtrain-run", "hvd", "raise"), ("ringtrain-run", "hvd", "return"),
         ("ringtrain-run", "ring-hvd", "raise"),
-        ("ringtrain-run", "ring-fsdp", "raise"), ("ringtrain-run", "ring-fsdp", "kill"), ("ringtrain-run", "ring-fsdp", "return"),
+        ("ringtrain-run", "ring-fsdp", "raise"), ("ringtrain-run", "ring-fsdp", "kill"),
         ("torchrun", "ring", "raise"), ("torchrun", "ring", "return"),
         ("launch", "ring", "memory"), ("launch", "ring", "return"), ("launch", "hvd", "exit3"),
         ("srun", "ring", "raise"), ("srun", "ring", "return"), ("srun", "ring", "kill"),
