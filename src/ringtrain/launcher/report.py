@@ -125,6 +125,39 @@ def stuck_blame(failures: dict[int, Any], rank: int) -> Blame | None:
     return None
 
 
+_FAULT_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>\S+)')
+
+
+def native_crash(rank: int) -> tuple[str | None, str] | None:
+    """(the crashed rank's innermost user frame, its thread's stack) from faulthandler's dump of this
+    launcher's worker ``rank`` (worker.py writes it on SIGABRT/SIGSEGV), or None when there is none."""
+    from ..activity import is_user_file
+    from .worker import native_dump_path
+
+    path = native_dump_path(os.getpid(), rank)
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    def user_site(block: str) -> str | None:
+        for line in block.splitlines():  # most recent call first: the first user frame is the innermost
+            m = _FAULT_FRAME.match(line)
+            if m and is_user_file(m["file"]):
+                shown = os.path.relpath(m["file"])
+                return f"{m['file'] if shown.startswith('..') else shown}:{m['line']} in {m['name']}"
+        return None
+
+    # The thread that crashed ("Current thread"), when it ran Python; else (Gloo aborts from a thread of its
+    # own) the thread in the user's code: the main thread.
+    blocks = [b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", text) if "most recent call first" in b]
+    ordered = [b for b in blocks if b.startswith("Current thread")] + [b for b in blocks if not b.startswith("Current")]
+    chosen = next((b for b in ordered if user_site(b)), None)
+    if chosen is None:
+        return None
+    return user_site(chosen), chosen.strip()
+
+
 def run_summary(board: Any) -> str | None:
     """The per-rank step times of a finished job (ring loops publish them), or None."""
     if board is None:
@@ -187,6 +220,11 @@ def format_child_failure(error: Any, node_rank: int, board: Any = None) -> str:
             hint = HINTS["exception"]
         elif failure.exitcode == -signal.SIGABRT:
             hint = HINTS["abort"]
+            crash = native_crash(rank)
+            if crash is not None:
+                site, stack = crash
+                lines += ["", f"rank {rank} aborted" + (f" at {site}" if site else "") +
+                          "; its stack at the crash (faulthandler, most recent call first):", stack]
         elif failure.exitcode < 0:
             hint = HINTS["signal"]
         else:
@@ -205,3 +243,16 @@ def format_child_failure(error: Any, node_rank: int, board: Any = None) -> str:
             f"rank {r} ({describe_exit(error.failures[r].exitcode)})" for r in others)]
     lines += ["", f"HINT: {hint}"]
     return "\n".join(lines)
+
+
+def remove_native_dumps() -> None:
+    """The end of a job: this launcher's workers' crash-dump files go (empty unless a worker crashed)."""
+    import glob
+
+    from .worker import native_dump_path
+
+    for path in glob.glob(native_dump_path(os.getpid(), "*")):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

@@ -570,7 +570,7 @@ def execute(plan: Plan) -> int:
     from . import rendezvous
     from .ports import host_store, is_loopback, keep_gloo_on_loopback
     from ..board import job_board
-    from .report import format_child_failure, run_summary
+    from .report import format_child_failure, remove_native_dumps, run_summary
     from .stacks import StackRequests
 
     rendezvous.register()
@@ -615,6 +615,7 @@ def execute(plan: Plan) -> int:
         raise _rendezvous_failure(plan, port, e) from e
     finally:
         requests.uninstall()
+        remove_native_dumps()
     summary = run_summary(job_board(store))
     if summary:
         print(summary, file=sys.stderr)

@@ -180,11 +180,30 @@ def exit_status(error: SystemExit) -> int:
     return 1
 
 
+def native_dump_path(launcher_pid: int, rank: int | str) -> str:
+    """Where faulthandler writes a worker's native crash (SIGABRT, SIGSEGV): read by the launcher's report
+    (torchelastic removes its own per-worker folder before the report could read a file there)."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"ringtrain-native-{launcher_pid}-{rank}.txt")
+
+
+def native_dump_file():
+    """The open file for ``native_dump_path`` of this worker; stderr when it cannot be made (or no launcher)."""
+    launcher = os.environ.get("RINGTRAIN_LAUNCHER_PID")
+    if not launcher or "RANK" not in os.environ:
+        return sys.stderr
+    try:
+        return open(native_dump_path(int(launcher), os.environ["RANK"]), "w")  # noqa: SIM115 - open for life
+    except OSError:
+        return sys.stderr
+
+
 def run_to_end(call) -> tuple[int, str, BaseException | None]:
     """Run ``call()`` (the user's code); return (exit status, how it ended, the exception that ended it)."""
     # = torchelastic's @record: a native crash dumps every thread's stack (what the handler's
     # initialize() does); an exception is printed by sys.excepthook (so a ring's hook sees it).
-    faulthandler.enable(all_threads=True)
+    faulthandler.enable(file=native_dump_file(), all_threads=True)
     try:
         call()
     except SystemExit as e:
@@ -264,6 +283,7 @@ def main(argv: list) -> None:
         )
     mode, local_rank_arg, launcher_pid, target, *args = argv
     die_with_parent(int(launcher_pid))  # the agent (`ringtrain run`) started this process
+    os.environ["RINGTRAIN_LAUNCHER_PID"] = launcher_pid  # for native_dump_file (read here only)
     answer_sigusr1()
     observe_plain_script()
     if horovod:
