@@ -146,7 +146,10 @@ def train_main(args: argparse.Namespace) -> None:
     checkpoints, logging every step's samples."""
     if os.environ.get(SLOW_WRITE):
         _slow_writes(float(os.environ[SLOW_WRITE]))
-    ring = rt.Ring(strategy=args.strategy, seed=0, checkpoint_dir=args.ckpt, save_every=args.save_every, keep_last=2)
+    strategy = args.strategy
+    if args.powersgd:  # gradient compression whose state (error feedback, Q) a resume must restore
+        strategy = rt.strategies.DDP(compression=rt.strategies.PowerSGD(rank=args.powersgd))
+    ring = rt.Ring(strategy=strategy, seed=0, checkpoint_dir=args.ckpt, save_every=args.save_every, keep_last=2)
     model = dropout_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model, optimizer = ring.setup(model, optimizer)  # resumes here after a restart
@@ -403,6 +406,7 @@ def main(argv: list[str]) -> None:
     train.add_argument("--epochs", type=int, default=3)
     train.add_argument("--save-every", type=int, default=3)
     train.add_argument("--strategy", default="auto")
+    train.add_argument("--powersgd", type=int, default=0, help="DDP with PowerSGD of this rank")
     kill = jobs.add_parser("ckpt-kill")
     kill.add_argument("--folder", required=True)
     kill.add_argument("--point", required=True)

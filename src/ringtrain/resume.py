@@ -216,6 +216,7 @@ class Resumer:
             "optimizer_steps": self.step.optimizer_steps,
             "step": self.step.state_dict(),
             "scaler": self.scaler.state_dict(),
+            "comm": self.strategy.comm_state(),
         }
 
     def _names(self, optimizer: torch.optim.Optimizer) -> tuple[dict[str, nn.Parameter], dict[int, str]]:
@@ -336,6 +337,7 @@ class Resumer:
         self.step.load_state_dict(meta.get("step") or {"optimizer_steps": meta.get("optimizer_steps", 0)})
         if meta.get("scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(meta["scaler"])
+        self.strategy.load_comm_state(meta.get("comm"))
         self._loader_states = list(meta.get("loaders") or [])
         for made, saved in zip(self.loaders, self._loader_states):
             _resume_loader(made, saved)

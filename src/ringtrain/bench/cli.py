@@ -19,7 +19,10 @@ Modes: single, dp (one process driving >= 2 GPUs), ddp, ddp+accumulate (accumula
 micro-batch = batch / k), fsdp (sharded: each rank holds 1/W of the weights, gradients
 and optimizer state; compare its peak memory with ddp's), hvd, hvd+fp16 (Horovod-style optimizer, fp16 gradient
 compression), pipeline (2 stages x 4 micro-batches), raw-ddp (the hand-written tutorial
-DDP loop: the baseline for ringtrain's overhead). A mode that cannot run here is listed
+DDP loop: the baseline for ringtrain's overhead); ddp+bf16, ddp+powersgd, ddp+auto (DDP's
+gradients all-reduced as bfloat16, as PowerSGD rank-8 factors, or as compression="auto" picks
+after measuring the link) run only when --modes names them. The comm/step column is the bytes
+each rank all-reduces per optimizer step. A mode that cannot run here is listed
 as SKIPPED with the reason; one that crashes as FAILED with its error.
 
 Every mode trains the same global batch per optimizer step (--batch-size) and the same
@@ -53,7 +56,7 @@ import sys
 import tempfile
 
 from ..errors import RingtrainError
-from .modes import MODES
+from .modes import COMPRESSED, MODES
 from .workloads import WITH_BATCHNORM, WORKLOADS
 
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
@@ -84,7 +87,8 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ringtrain bench", description=__doc__, allow_abbrev=False,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     _add(p, "--workload", default="digits-cnn", choices=WORKLOADS)
-    _add(p, "--modes", default=",".join(MODES), help="comma-separated (default: all)")
+    _add(p, "--modes", default=",".join(m for m in MODES if m not in COMPRESSED),
+         help="comma-separated (default: all but the ddp+compression ones, which matter on a slow link: --link)")
     _add(p, "--precision", help="comma-separated among 32, bf16-mixed, 16-mixed (default: all three on GPUs, "
                                   "32,bf16-mixed on CPUs, where fp16 is emulated and 10-30x slower)")
     _add(p, "--nprocs", help="comma-separated process counts (default 1,2)")

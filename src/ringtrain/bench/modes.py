@@ -38,7 +38,9 @@ from ..errors import RingtrainError
 from ..precision import bf16_problem
 from .workloads import NO_PIPELINE, Workload
 
-MODES = ("single", "dp", "ddp", "ddp+accumulate", "fsdp", "hvd", "hvd+fp16", "pipeline", "raw-ddp")
+MODES = ("single", "dp", "ddp", "ddp+accumulate", "ddp+bf16", "ddp+powersgd", "ddp+auto", "fsdp", "hvd", "hvd+fp16",
+         "pipeline", "raw-ddp")
+COMPRESSED = {"ddp+bf16": "bf16", "ddp+powersgd": "powersgd", "ddp+auto": "auto"}  # DDP(compression=...)
 PIPELINE_STAGES, PIPELINE_MICROBATCHES = 2, 4
 MOMENTUM = 0.9
 
@@ -58,6 +60,7 @@ class CommCounter:
         self.calls = 0
         self.bytes = 0
         self.method = "none"
+        self.hooks: list[Any] = []  # DDP(compression=...)'s own hooks, which count what they send
 
     def attach(self, model: nn.Module) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -75,6 +78,8 @@ class CommCounter:
 
     def reset(self) -> None:
         self.calls = self.bytes = 0
+        for hook in self.hooks:
+            hook.total = hook.calls = 0
 
 
 def _grad_bytes(model: nn.Module, fp16: bool = False) -> int:
@@ -94,6 +99,8 @@ class RingTrainer:
             kwargs["accumulate"] = accumulate
         if mode == "hvd+fp16":
             strategy = rt.strategies.Horovod(compression="fp16")
+        if mode in COMPRESSED:
+            strategy = rt.strategies.DDP(compression=COMPRESSED[mode])
         if mode == "fsdp":
             strategy = rt.strategies.FSDP()
         if mode == "pipeline":
@@ -135,7 +142,11 @@ class RingTrainer:
         self.sample_share = 1.0 / PIPELINE_STAGES if self.pipeline else 1.0
         self.comm = CommCounter()
         self.sharded = mode == "fsdp"
-        if isinstance(self.model, DistributedDataParallel):
+        hooks = getattr(ring.strategy, "hooks", None)
+        if hooks:  # a compression hook counts what it sends (comm/traffic.py)
+            self.comm.method = "compression hook"
+            self.comm.hooks = hooks
+        elif isinstance(self.model, DistributedDataParallel):
             self.comm.attach(self.model)
         elif self.sharded:
             self.comm.method = "estimate: all-gather x2 + reduce-scatter of the parameters"
@@ -164,6 +175,8 @@ class RingTrainer:
         """(bytes, all-reduce calls) per optimizer step on this rank."""
         if self.comm.method == "ddp comm hook":
             return self.comm.bytes / steps, self.comm.calls / steps
+        if self.comm.method == "compression hook":
+            return sum(h.total for h in self.comm.hooks) / steps, sum(h.calls for h in self.comm.hooks) / steps
         if self.pipeline:  # plus, with several replicas, the stage's gradient all-reduce among them
             replicas = _grad_bytes(self.model) if self.replicas > 1 else 0
             return self.comm.bytes / steps + replicas, float(self.replicas > 1)  # point-to-point sends are no all-reduce

@@ -17,7 +17,7 @@ faces on this one core (DESIGN.md: "horovod/ is a face, not a second core"):
 """
 
 from .adasum import combine as adasum_combine
-from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
+from .compression import BF16Compressor, Compression, Compressor, FP16Compressor, NoneCompressor
 from .grad_sync import DEFAULT_FUSION_THRESHOLD, GradientSync
 from .groups import GLOBAL, ProcessSet, ProcessSetTable
 from .handles import CollectiveFailure, Handle
@@ -32,7 +32,7 @@ from .state import (allgather_object, broadcast_object, broadcast_optimizer_stat
                     initialize_state)
 
 __all__ = [
-    "Compression", "Compressor", "FP16Compressor", "NoneCompressor", "DEFAULT_FUSION_THRESHOLD", "GradientSync",
+    "BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor", "DEFAULT_FUSION_THRESHOLD", "GradientSync",
     "GLOBAL", "ProcessSet", "ProcessSetTable", "CollectiveFailure", "Handle", "ReduceOp", "adasum_combine",
     "allreduce", "grouped_allreduce", "reducescatter", "grouped_reducescatter", "split_rows",
     "allgather", "grouped_allgather", "broadcast", "alltoall", "barrier", "join", "reduce_to", "gather_to",

@@ -17,6 +17,7 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..comm.powersgd import PowerSGD
 from ..environments import Environment
 from ..errors import RingtrainError
 from .base import BackwardSyncControl, Distributed, PipelineSchedule, Strategy
@@ -39,7 +40,7 @@ NAMES = ("auto", *REGISTRY)
 
 __all__ = [
     "BackwardSyncControl", "DDP", "DataParallel", "Distributed", "FSDP", "Horovod", "Pipeline", "PipelineSchedule",
-    "REGISTRY", "Single", "Strategy", "check_setup", "module_options", "resolve",
+    "PowerSGD", "REGISTRY", "Single", "Strategy", "check_setup", "module_options", "resolve",
 ]
 
 

@@ -256,6 +256,15 @@ class Strategy(ABC):
         names = state.parameter_names(params)
         state.load_named_optimizer(optimizer, state.named_from_index(state_dict, optimizer, names), names, params)
 
+    # --- gradient compression's state (DDP's PowerSGD): part of every checkpoint's meta ---------
+    def comm_state(self) -> Any:
+        """Collective where there is any: what continuing the gradient compression exactly needs."""
+        return None
+
+    def load_comm_state(self, saved: Any) -> None:
+        """Continue from ``comm_state``'s result (a strategy without compression state ignores it)."""
+        return None
+
     # --- communication: identity on one process (collectives.py, over comm/) ----------
     def all_reduce(self, x: Any, op: str = "mean") -> torch.Tensor:
         return self.collectives.all_reduce(x, op)

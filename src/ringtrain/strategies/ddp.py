@@ -11,14 +11,12 @@ import contextlib
 from typing import Any, ContextManager
 
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from ..comm import ddp_hooks
 from ..errors import RingtrainError
 from ..stages import spans_devices
 from .base import BackwardSyncControl, Distributed
-
-COMPRESSIONS = ("none", "fp16")
 
 
 class DDP(Distributed, BackwardSyncControl):
@@ -26,8 +24,11 @@ class DDP(Distributed, BackwardSyncControl):
 
     The keyword options are DistributedDataParallel's own (``find_unused_parameters``,
     ``gradient_as_bucket_view``, ``static_graph``, ``bucket_cap_mb``, ``broadcast_buffers``),
-    plus ``compression="fp16"`` (DDP's fp16 comm hook: gradients travel as float16).
-    ``ring.setup(model, optimizer, find_unused_parameters=True)`` still works and wins.
+    plus ``compression``: what the gradients travel as (comm/ddp_hooks.py) — ``"none"``,
+    ``"fp16"``, ``"bf16"`` (half the bytes), ``"powersgd"`` or ``PowerSGD(rank=..., start_step=...)``
+    (low-rank with error feedback, ~100x fewer bytes), ``"auto"`` (measure the link at start-up
+    and pick; the choice is printed). ``ring.setup(model, optimizer, find_unused_parameters=True)``
+    still works and wins.
     """
 
     name = "ddp"
@@ -38,14 +39,16 @@ class DDP(Distributed, BackwardSyncControl):
 
     def __init__(self, *, compression: str = "none", **ddp_options: Any):
         super().__init__()
-        if compression not in COMPRESSIONS:
-            raise RingtrainError(f"DDP got compression={compression!r}", f"use one of {', '.join(COMPRESSIONS)}.")
+        compression = ddp_hooks.check(compression)
         unknown = set(ddp_options) - self.MODULE_OPTIONS
         if unknown:
             raise RingtrainError(f"DDP got unknown option(s) {sorted(unknown)}",
                                  f"DistributedDataParallel's options are {sorted(self.MODULE_OPTIONS)}.")
         self.compression = compression
         self.ddp_options = ddp_options
+        self.hooks: list[Any] = []  # each replica's comm-hook state (its bytes, PowerSGD's matrices)
+        self.chosen: ddp_hooks.LinkChoice | None = None  # compression="auto"'s measurement and choice
+        self._saved_comm: dict[str, Any] | None = None  # loaded before ring.setup: applied at replicate
 
     def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
         if not any(p.requires_grad for p in module.parameters()):
@@ -65,10 +68,55 @@ class DDP(Distributed, BackwardSyncControl):
         # rank starts from the same weights whatever its own initialisation did.
         wrapped = DistributedDataParallel(module, device_ids=device_ids, process_group=group,
                                           **{**self.ddp_options, **options})
-        if self.compression == "fp16":
-            # DDP's own hook: gradients travel as float16 and come back in their dtype.
-            wrapped.register_comm_hook(group, default_hooks.fp16_compress_hook)
+        made = ddp_hooks.make_hook(self.resolved(module, group), module, group)
+        if made is not None:
+            state, hook = made
+            wrapped.register_comm_hook(state, hook)
+            self.hooks.append(state)
+            if self._saved_comm is not None:
+                self._load_hook_state(state, self._saved_comm)
         return wrapped
+
+    def resolved(self, module: nn.Module, group: Any) -> Any:
+        """The compression in force: ``"auto"`` measures the link once (collective) and picks by
+        ddp_hooks.rule, printed on the main process."""
+        if self.compression != "auto":
+            return self.compression
+        if self.chosen is None:
+            bus = ddp_hooks.measure_bus_bandwidth(group, self.device)
+            grad_bytes = ddp_hooks.gradient_bytes(module)
+            self.chosen = ddp_hooks.rule(bus, grad_bytes, self.world_size)
+            if self.rank == 0:
+                print(f"ringtrain: {self.chosen.describe(grad_bytes / 1e6)}", flush=True)
+        return self.chosen.compression
+
+    def bytes_per_step(self, module: nn.Module) -> int:
+        """Bytes this rank all-reduced for its gradients in the last complete step (per replica, summed)."""
+        if self.hooks:
+            return sum(h.sent_last_step for h in self.hooks)
+        return ddp_hooks.gradient_bytes(self.unwrap(module))
+
+    # --- compression state in checkpoints: Q matrices, every rank's error feedback, the step count --
+    def comm_state(self) -> dict[str, Any] | None:
+        """Collective: every rank's hook state, gathered (on every rank)."""
+        if not any(isinstance(h, ddp_hooks.PowerSGDHook) for h in self.hooks):
+            return None
+        return {"world_size": self.world_size,
+                "ranks": self.gather_object([h.state_dict() for h in self.hooks])}
+
+    def load_comm_state(self, saved: dict[str, Any] | None) -> None:
+        if not saved:
+            return
+        self._saved_comm = saved
+        for state in self.hooks:
+            self._load_hook_state(state, saved)
+
+    def _load_hook_state(self, state: Any, saved: dict[str, Any]) -> None:
+        same_world = saved.get("world_size") == self.world_size
+        mine = saved["ranks"][self.rank if same_world else 0]
+        index = self.hooks.index(state) if state in self.hooks else len(self.hooks) - 1
+        if index < len(mine):
+            state.load_state_dict(mine[index], error=same_world)
 
     def unwrap(self, module: nn.Module) -> nn.Module:
         return module.module if isinstance(module, DistributedDataParallel) else module

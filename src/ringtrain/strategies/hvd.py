@@ -24,18 +24,18 @@ from ..comm.store_check import StoreRows
 from ..errors import RingtrainError
 from .base import Distributed
 
-COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16}
+COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16, "bf16": Compression.bf16}
 
 
 def compression_of(value) -> type:
-    """``"none"`` / ``"fp16"`` / a Compressor class -> the Compressor class."""
+    """``"none"`` / ``"fp16"`` / ``"bf16"`` / a Compressor class -> the Compressor class."""
     if isinstance(value, str):
         if value not in COMPRESSIONS:
             raise RingtrainError(f"compression={value!r}", f"use one of {sorted(COMPRESSIONS)} or a Compressor class.")
         return COMPRESSIONS[value]
     if not (hasattr(value, "compress") and hasattr(value, "decompress")):
         raise RingtrainError(f"compression={value!r} has no compress/decompress",
-                             "pass 'none', 'fp16', or a class like ringtrain.comm.Compression.fp16.")
+                             "pass 'none', 'fp16', 'bf16', or a class like ringtrain.comm.Compression.fp16.")
     return value
 
 
@@ -43,7 +43,7 @@ class Horovod(Distributed):
     """``rt.strategies.Horovod(compression="none", fusion_threshold=64 MiB)``: Horovod's DistributedOptimizer.
 
     The model stays unwrapped; the optimizer averages gradients in fused buckets while
-    backward runs. ``compression``: ``"none"``, ``"fp16"`` or a Compressor class.
+    backward runs. ``compression``: ``"none"``, ``"fp16"``, ``"bf16"`` or a Compressor class.
     ``check=True`` checks every gradient synchronisation across ranks first (also turned on
     by ``Ring(debug_collectives=...)``).
     """
