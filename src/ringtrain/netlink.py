@@ -51,6 +51,7 @@ _DELAY_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 _PAIRS = 128  # pairs of HTB classes the source port is hashed into (see the module docstring)
 _BASE = 0x100  # first class minor: 1:100 .. 1:2ff (hex), 1:1 takes what is not TCP over IPv4
 _CLONE_NEWNET = 0x40000000
+_MODULE = {"netem": "sch_netem", "htb": "sch_htb", "bpf": "cls_bpf"}  # what each part of the shaping needs
 _counter = itertools.count()
 
 
@@ -125,15 +126,11 @@ def _setns(fd: int) -> None:
                              "entering a namespace needs CAP_SYS_ADMIN: run as root.")
 
 
-def _run(cmd: list[str], doing: str, stdin: str | None = None) -> str:
-    done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=60)
+def _run(cmd: list[str], doing: str) -> str:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
         why = (done.stderr or done.stdout).strip().splitlines()
         hint = "run as root (creating a network namespace and shaping it needs CAP_NET_ADMIN and CAP_SYS_ADMIN)."
-        if any("unknown" in line.lower() for line in why):
-            hint = (f"this kernel lacks a queueing module that {doing} needs: load it (`modprobe sch_netem`, "
-                    "`modprobe sch_htb`, `modprobe cls_bpf`; Ubuntu ships netem in linux-modules-extra), or leave "
-                    "out what needs it (a delay needs netem).")
         raise RingtrainError(f"{doing} failed: `{' '.join(cmd)}` said: {' / '.join(why) or done.returncode}", hint)
     return done.stdout
 
@@ -156,14 +153,6 @@ def link_available(delay: bool = False) -> str | None:
             return None
     except RingtrainError as e:
         return e.message
-
-
-def _require() -> None:
-    problem = link_problem()
-    if problem:
-        raise RingtrainError(f"a shaped link (--link) was asked for, but {problem}",
-                             "run as root on Linux with iproute2 installed (`apt-get install iproute2`), "
-                             "or leave out --link.")
 
 
 def _bpf_classifier() -> str:
@@ -212,7 +201,19 @@ def _shape(name: str, spec: LinkSpec) -> None:
             limit = max(1000, int(spec.rate_bps * spec.delay_s / 8 / 1500) * 4)
             lines.append(f"qdisc add dev lo parent 1:{minor} netem delay {spec.delay} limit {limit}")
     lines.append(f'filter add dev lo parent 1: protocol all prio 1 bpf bytecode "{_bpf_classifier()}" flowid 1:1')
-    _run(["tc", "-n", name, "-batch", "-"], f"shaping the loopback at {spec}", stdin="\n".join(lines) + "\n")
+    done = subprocess.run(["tc", "-n", name, "-batch", "-"], input="\n".join(lines) + "\n", capture_output=True,
+                          text=True, timeout=60)
+    if done.returncode != 0:
+        failed = re.search(r"Command failed -:(\d+)", done.stderr)
+        line = lines[int(failed.group(1)) - 1] if failed else " / ".join(lines[:2])
+        kind = next((k for k in ("netem", "bpf", "htb") if f" {k} " in f" {line} "), "htb")
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[0]
+        hint = "run as root (shaping needs CAP_NET_ADMIN)."
+        if "unknown" in why.lower():
+            hint = f"this kernel has no {kind}: load it as root with `modprobe {_MODULE[kind]}`" + (
+                " (Ubuntu ships it in linux-modules-extra-$(uname -r)), or leave out the delay." if kind == "netem"
+                else ".")
+        raise RingtrainError(f"shaping the loopback at {spec} failed: `tc {line}` said: {why}", hint)
 
 
 def _creator(name: str) -> int | None:
@@ -257,7 +258,11 @@ def _on_sigterm(signum, frame):
 def shaped_link(rate: str = "1gbit", delay: str | None = None) -> Iterator[Link]:
     """A fresh namespace whose loopback carries RATE per direction (+ DELAY one way); always deleted."""
     spec = parse_link(rate if delay is None else f"{rate},{delay}")
-    _require()
+    problem = link_problem()
+    if problem:
+        raise RingtrainError(f"a shaped link (--link) was asked for, but {problem}",
+                             "run as root on Linux with iproute2 installed (`apt-get install iproute2`), "
+                             "or leave out --link.")
     remove_stale()
     name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
     # SIGTERM (a CI runner, `timeout`) would otherwise end the process without running `finally`.
