@@ -11,7 +11,7 @@ Usage:
     ringtrain bench --workload cifar-resnet18 --sync-bn --modes dp,ddp --precision 32,16-mixed   # seed 004's table
     ringtrain bench --comm                                    # all-reduce bus bandwidth by message size
     ringtrain bench --comm --link 1gbit                       # ... through a 1 Gbit/s full-duplex link (root)
-    ringtrain bench --workload mlp --modes ddp,hvd --link 1gbit,5ms   # the training table on a slow link
+    ringtrain bench --workload mlp --modes ddp,hvd --device cpu --link 1gbit   # the training table on a slow link
 
 Workloads (nothing is downloaded): digits-cnn (scikit-learn's real digits; held-out
 accuracy), cifar-resnet18 (CIFAR-100-shaped synthetic images, or the real set with
