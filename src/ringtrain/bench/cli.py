@@ -9,6 +9,9 @@ Usage:
     ringtrain bench --workload mlp --modes ddp,fsdp --nprocs 2  # sharded vs replicated: speed and peak memory
     ringtrain bench --preset gpu [--compile] [--nprocs 1,8]    # CIFAR ResNet-18 images/s and MFU on GPUs
     ringtrain bench --workload cifar-resnet18 --sync-bn --modes dp,ddp --precision 32,16-mixed   # seed 004's table
+    ringtrain bench --comm                                    # all-reduce bus bandwidth by message size
+    ringtrain bench --comm --link 1gbit                       # ... through a 1 Gbit/s full-duplex link (root)
+    ringtrain bench --workload mlp --modes ddp,hvd --device cpu --link 1gbit   # the training table on a slow link
 
 Workloads (nothing is downloaded): digits-cnn (scikit-learn's real digits; held-out
 accuracy), cifar-resnet18 (CIFAR-100-shaped synthetic images, or the real set with
@@ -34,6 +37,17 @@ raw-ddp converts with nn.SyncBatchNorm.convert_sync_batchnorm, or on CPU/Gloo, w
 refuses CPU tensors, with ringtrain's SyncBatchNorm). Batch statistics then cover the global
 batch, so ddp on W processes trains the model single trains. For workloads with BatchNorm
 (cifar-resnet18, unet3d); dp and pipeline cannot synchronise BatchNorm and are SKIPPED.
+
+--comm: instead of the training table, all-reduce bus bandwidth by message size (64 KiB to
+64 MiB, float32, Gloo; --nprocs default 2): time, algbw = bytes/time and busbw = algbw x
+2(n-1)/n (nccl-tests' definitions), and with --link the share of the link's rate busbw reaches.
+
+--link RATE[,DELAY] (e.g. 1gbit, 100mbit, 10gbit,0.2ms; tc's units): the ranks run in a
+private network namespace (127.0.0.1 only) whose loopback is shaped with tc: RATE for each
+direction of each connection (a full-duplex link, as a NIC is), DELAY added one way (netem).
+The namespace is deleted when the bench ends, however it ends. Needs root and iproute2 (ip,
+tc); CPU ranks only (NCCL between GPUs of one machine never touches the loopback).
+ringtrain/netlink.py says how the shaping works.
 
 Output: the full table on stdout, then the same results in seed 004's shape (model, dataset,
 training method, time in s/epoch, accuracy or Dice); results.csv, results.json and
@@ -111,6 +125,9 @@ def parser() -> argparse.ArgumentParser:
     _add(p, "--threads-per-rank", type=int, default=1, help="torch threads per process on CPU (default 1)")
     _add(p, "--timeout", type=float, default=1800.0, help="seconds one launch of processes may take (default 1800)")
     _add(p, "--no-progress", action="store_true", help="no progress bar")
+    _add(p, "--comm", action="store_true", help="all-reduce bus bandwidth by message size instead of training")
+    _add(p, "--link", metavar="RATE[,DELAY]", help="run the ranks behind a shaped loopback: RATE per direction "
+                                                   "(tc units: 1gbit, 100mbit), optional one-way DELAY (0.2ms); root")
     _add(p, "--preset", choices=("gpu",), help="gpu: CIFAR ResNet-18 images/s and MFU on CUDA GPUs")
     _add(p, "--compile", action="store_true", help="--preset gpu: also torch.compile the channels_last variants")
     _add(p, "--peak-tflops", type=float, help="--preset gpu: the GPU's dense bf16 peak, when not in the table")
@@ -148,6 +165,16 @@ def _main(args: argparse.Namespace) -> int:
     _positive(args, "epochs", "steps", "batch_size", "accumulate", "repeats", "warmup", "width", "samples",
               "threads_per_rank")
     defaults = GPU if args.preset == "gpu" else QUICK if args.quick else FULL
+    if args.link is not None:
+        from ..netlink import parse_link
+
+        parse_link(args.link)  # a bad value is an error before anything starts
+        if args.preset == "gpu" or args.device == "cuda":
+            raise RingtrainError(f"--link with {'--preset gpu' if args.preset else '--device cuda'}",
+                                 "NCCL between the GPUs of one machine goes over NVLink, PCIe or shared memory, not "
+                                 "the loopback --link shapes: use --link with CPU ranks (--device cpu).")
+    if args.comm:
+        return _comm(args, defaults)
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -162,6 +189,9 @@ def _main(args: argparse.Namespace) -> int:
                                  "point --data at the extracted 'cifar-100-python' folder (it holds 'train' and "
                                  "'test'); nothing is downloaded.")
     gpus = args.device != "cpu" and torch.cuda.is_available()
+    if args.link is not None and gpus:
+        raise RingtrainError("--link on a machine with GPUs: the bench would train its ranks on them with NCCL, "
+                             "which does not go through the loopback --link shapes", "add --device cpu.")
     default_precision = defaults["precision"] or ("32,bf16-mixed,16-mixed" if gpus else "32,bf16-mixed")
     precisions = _list(args.precision or default_precision, "precision", PRECISIONS)
     nprocs = _list(args.nprocs or defaults["nprocs"], "nprocs", cast=int)
@@ -188,8 +218,11 @@ def _main(args: argparse.Namespace) -> int:
         samples=args.samples, data=args.data, device=args.device, threads=args.threads_per_rank,
         timeout=args.timeout, progress=not args.no_progress, sync_bn=args.sync_bn,
     )
-    with tempfile.TemporaryDirectory(prefix="ringtrain-bench-") as scratch:
+    from ..netlink import inside
+
+    with tempfile.TemporaryDirectory(prefix="ringtrain-bench-") as scratch, inside(args.link):
         result = runner.run(cfg, scratch)
+    result["meta"]["link"] = args.link
     rows = stats.summarize(result["records"], cfg.precisions)
     meta = result["meta"]
     print(report.table(rows, meta), flush=True)
@@ -213,3 +246,20 @@ def _gpu(args: argparse.Namespace, precisions: list[str], nprocs: list[int], rep
     paths.append(gpu.preset_png(rows, meta, f"{args.out}/throughput.png"))
     print(f"\nwrote {', '.join(paths)}")
     return 1 if any(r["images_per_s"] is None and not str(r["error"]).startswith("SKIPPED") for r in rows) else 0
+
+
+def _comm(args: argparse.Namespace, defaults: dict) -> int:
+    from . import comm, report
+
+    if args.preset is not None:
+        raise RingtrainError("--comm with --preset gpu", "--comm measures Gloo all-reduce on CPU ranks; drop --preset.")
+    nprocs = _list(args.nprocs or "2", "nprocs", cast=int)
+    if min(nprocs) < 2:
+        raise RingtrainError(f"--nprocs {args.nprocs} with --comm", "an all-reduce needs at least 2 processes.")
+    rows, meta = comm.run(nprocs, comm.QUICK_SIZES if args.quick else comm.SIZES,
+                          args.warmup if args.warmup is not None else 2, 0.25 if args.quick else 1.0,
+                          args.threads_per_rank, args.timeout, args.link)
+    print(comm.table(rows, meta), flush=True)
+    paths = report.write_all(rows, meta, [], args.out, columns=comm.COLUMNS)
+    print(f"\nwrote {', '.join(paths)}")
+    return 0

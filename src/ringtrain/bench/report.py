@@ -25,7 +25,7 @@ TABLE = [
 TEXT = {"mode", "precision"}
 
 CSV_COLUMNS = [
-    "workload", "mode", "status", "world_size", "processes", "precision", "epoch_s", "samples_per_s",
+    "workload", "link", "mode", "status", "world_size", "processes", "precision", "epoch_s", "samples_per_s",
     "samples_per_s_min", "samples_per_s_max", "spread_pct", "repeats", "scaling_efficiency", "peak_mem_mib",
     "memory_method", "comm_bytes_per_step", "allreduces_per_step", "comm_method", "final_loss", "metric_name",
     "metric", "ratio_vs_raw_ddp", "samples", "global_batch", "optimizer_steps", "reason",
@@ -65,6 +65,8 @@ def table(rows: list[dict], meta: dict) -> str:
         f"  torch {meta.get('torch')} on {meta.get('device_name') or meta.get('device')} "
         f"({meta.get('cpu_count')} cores; {meta.get('threads_per_rank')} torch thread(s) per rank on CPU)",
         *(["  SyncBatchNorm in every mode (--sync-bn)"] if config.get("sync_bn") else []),
+        *([f"  ranks behind --link {meta['link']}: a shaped loopback, that rate per direction of each connection"]
+          if meta.get("link") else []),
         "",
         header,
         "-" * len(header),
@@ -116,7 +118,8 @@ def write_csv(rows: list[dict], meta: dict, path: str, columns: list[str] | None
         writer.writeheader()
         for row in rows:
             flat = {k: _flat(v) for k, v in row.items()}
-            writer.writerow({"workload": meta.get("workload"), "metric_name": meta.get("metric_name"), **flat})
+            writer.writerow({"workload": meta.get("workload"), "metric_name": meta.get("metric_name"),
+                             "link": meta.get("link") or "", **flat})
 
 
 def _flat(value: Any) -> Any:
