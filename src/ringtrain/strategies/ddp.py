@@ -14,6 +14,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from .. import timeline
 from ..errors import RingtrainError
 from ..stages import spans_devices
 from .base import BackwardSyncControl, Distributed
@@ -65,9 +66,11 @@ class DDP(Distributed, BackwardSyncControl):
         # rank starts from the same weights whatever its own initialisation did.
         wrapped = DistributedDataParallel(module, device_ids=device_ids, process_group=group,
                                           **{**self.ddp_options, **options})
-        if self.compression == "fp16":
-            # DDP's own hook: gradients travel as float16 and come back in their dtype.
-            wrapped.register_comm_hook(group, default_hooks.fp16_compress_hook)
+        # fp16: DDP's own hook, gradients travel as float16 and come back in their dtype.
+        hook = default_hooks.fp16_compress_hook if self.compression == "fp16" else None
+        hook = timeline.comm_hook(hook)  # a timeline records each bucket's all-reduce (None: DDP's built-in)
+        if hook is not None:
+            wrapped.register_comm_hook(group, hook)
         return wrapped
 
     def unwrap(self, module: nn.Module) -> nn.Module:
