@@ -309,6 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="accepted and ignored, as torchrun does: workers always get LOCAL_RANK in their environment.")
     add("--timeout", type=int, default=300, metavar="SECONDS",
         help="how long nodes wait for each other to join the rendezvous. Default: 300.")
+    add("--timeline", default=None, metavar="DIR",
+        help="record every rank's steps (data, forward, backward, each gradient bucket's all-reduce, optimizer, "
+        "checkpoint, collectives) into DIR/timeline.json (Perfetto / chrome://tracing) and DIR/timeline.png "
+        "(see \"Seeing where a step goes\" below). Sets RINGTRAIN_TIMELINE=DIR for the workers.")
     horovod = parser.add_argument_group("Horovod scripts and horovodrun-style flags (see \"Horovod scripts\" below)")
     horovod.add_argument("--horovod", action="store_true",
                          help="let workers `import horovod.torch` (ringtrain's) and give them the HOROVOD_* variables.")
@@ -349,6 +353,7 @@ class Plan:
     target_args: list[str] = field(default_factory=list)
     local_rank_arg: str | None = None  # "--local_rank" / "--local-rank" if the script declares it
     horovod: bool = False  # workers get the `horovod` alias and HOROVOD_* (worker.py --horovod)
+    timeline: str | None = None  # the folder of --timeline (checked), merged here after the job
 
 
 def _parse_gpus(text: str) -> list[int]:
@@ -475,6 +480,11 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
     source = scripts.read_source(source_file) if source_file else ""
     spelling = scripts.local_rank_spelling(source)
     master_port = _script_rendezvous(ns, scripts.tcp_rendezvous(source), min_nodes != max_nodes)
+    timeline = getattr(ns, "timeline", None)
+    if timeline is not None:
+        from ..timeline import check_target  # no torch: --help and argument errors stay fast
+
+        timeline = check_target(timeline, "--timeline")[0]
     return Plan(
         nproc=nproc,
         nnodes=ns.nnodes,
@@ -492,6 +502,7 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
         target_args=list(ns.script_args),
         local_rank_arg=spelling,
         horovod=getattr(ns, "horovod", False),
+        timeline=timeline,
     )
 
 
@@ -596,6 +607,8 @@ def execute(plan: Plan) -> int:
         # sharing off, each round's workers get a store of their own on a new port.
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
+    if plan.timeline is not None:
+        os.environ["RINGTRAIN_TIMELINE"] = plan.timeline  # a ring (or hvd.init) in each worker records there
     args = torchrun_args(plan, port)
     # kill -USR1 on this process (ringtrain stacks): every rank prints its stack (stacks.py).
     requests = StackRequests((plan.master_addr, port), store)
@@ -616,6 +629,10 @@ def execute(plan: Plan) -> int:
     finally:
         requests.uninstall()
         remove_native_dumps()
+        if plan.timeline is not None:
+            from ..timeline import merge_after_job
+
+            merge_after_job(plan.timeline)  # unless the last worker did; a rank that died has no part
     summary = run_summary(job_board(store))
     if summary:
         print(summary, file=sys.stderr)
