@@ -19,7 +19,8 @@ a 30-minute hang): each rank writes its own part, ``<name>.rank-<r>.json``, atom
 closes (``ring.close()``, the end of ``with Ring(...)``, ``hvd.stop_timeline()``, interpreter exit,
 or the watchdog stopping it). The rank that finds every part of its job on disk after writing its
 own merges them into ``<name>.json`` and draws ``<name>.png`` (timeline_plot.py): the last rank to
-finish always does, since every other part was on disk before its own. ``ringtrain run`` merges
+finish always does, since every other part was on disk before its own (at interpreter exit, whose
+time is bounded, it draws no picture). ``ringtrain run`` merges
 after the job if nobody did (a rank that died writes no part: the merge names it), and
 ``ringtrain timeline DIR`` merges by hand.
 
@@ -102,7 +103,7 @@ class Recorder:
         self._open: tuple[str, float] | None = None  # the main thread's phase and when it began
         self._loader_steps = False  # a ring loader marks steps; else each optimizer step ends one
         self.closed = False
-        atexit.register(self.close)
+        atexit.register(self._at_exit)
 
     # --- from Activity, on the main thread ------------------------------------------------
     def enter(self, phase: str, now: float) -> None:
@@ -159,14 +160,19 @@ class Recorder:
                            "dropped_steps": self.dropped, "events": self.events()})
         return path
 
-    def close(self, merge: bool | None = None) -> None:
+    def _at_exit(self) -> None:
+        # Exit paths are bounded in time (liveness.bound_exit): the trace, not the picture (matplotlib's
+        # import alone can take seconds on a loaded machine); `ringtrain run` or `ringtrain timeline` draws it.
+        self.close(png=False)
+
+    def close(self, merge: bool | None = None, png: bool = True) -> None:
         """Stop recording, write this rank's part; merge if every part of the job is there. Never waits."""
         if self.closed:
             return
         self.closed = True
         if ACTIVITY.recorder is self:
             ACTIVITY.recorder = None
-        atexit.unregister(self.close)
+        atexit.unregister(self._at_exit)
         self._close_phase(time.time())
         try:
             self.write()
@@ -176,7 +182,7 @@ class Recorder:
         if self.merge if merge is None else merge:
             parts = read_parts(self.folder, self.name, job=self.job)
             if len(parts) >= self.world_size and all(r in parts for r in range(self.world_size)):
-                merge_parts(self.folder, self.name, parts, self.world_size)
+                merge_parts(self.folder, self.name, parts, self.world_size, png=png)
 
 
 def ended(event: list, *_: Any) -> None:
@@ -309,13 +315,14 @@ def merge_parts(folder: str, name: str, parts: dict[int, dict], world_size: int 
     note = f" (no part from rank(s) {', '.join(map(str, missing))}: they did not close)" if missing else ""
     picture = None
     if png:
-        from .timeline_plot import timeline_png
+        from .timeline_plot import timeline_png  # matplotlib, imported only now
 
         try:
             picture = timeline_png(parts, os.path.join(folder, f"{name}.png"))
         except ImportError as e:  # matplotlib is optional: the trace stands alone
             _say(f"timeline picture skipped: {e}")
-    _say(f"timeline of {len(parts)} rank(s) -> {path}" + (f", {picture}" if picture else "") + note)
+    _say(f"timeline of {len(parts)} rank(s) -> {path}" + (f", {picture}" if picture else
+                                                          f" (`ringtrain timeline {folder}` draws it)") + note)
     return path, picture
 
 
@@ -333,10 +340,10 @@ def merge_after_job(target: str) -> None:
     try:
         folder, name = check_target(target, create=False)
         parts = glob.glob(os.path.join(glob.escape(folder), f"{glob.escape(name)}.rank-*.json"))
-        merged = os.path.join(folder, f"{name}.json")
+        merged = [os.path.join(folder, f"{name}.{kind}") for kind in ("json", "png")]
         if not parts:
             _say(f"no timeline part in {folder}: did the script train through a ring or hvd?")
-        elif not os.path.exists(merged) or os.path.getmtime(merged) < max(map(os.path.getmtime, parts)):
+        elif not all(map(os.path.exists, merged)) or min(map(os.path.getmtime, merged)) < max(map(os.path.getmtime, parts)):
             merge_target(target)
     except (RingtrainError, OSError) as e:
         _say(f"the timeline could not be merged: {e}")
@@ -363,4 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     except RingtrainError as e:
         print(f"ringtrain timeline: {e}", file=sys.stderr)
         return 2
+    from .timeline_plot import format_summary  # the picture's numbers, as text (mean ms per step)
+
+    print(format_summary(read_parts(*check_target(ns.target, create=False))))
     return 0

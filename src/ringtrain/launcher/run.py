@@ -166,6 +166,7 @@ The torchrun contract, so ``dist.init_process_group(backend)`` (``env://``) and
 * ``OMP_NUM_THREADS=1`` when it is unset and there is more than one worker per node, as
   torchrun does (with the same warning); set it yourself to tune CPU threads.
 * ``CUDA_VISIBLE_DEVICES`` when ``--gpus`` is given.
+* ``RINGTRAIN_TIMELINE`` (the folder) when ``--timeline DIR`` is given.
 * With ``--horovod``, Horovod's variables, from the ones above: ``HOROVOD_RANK`` (=
   ``RANK``), ``HOROVOD_SIZE`` (``WORLD_SIZE``), ``HOROVOD_LOCAL_RANK`` (``LOCAL_RANK``),
   ``HOROVOD_LOCAL_SIZE`` (``LOCAL_WORLD_SIZE``), ``HOROVOD_CROSS_RANK`` (``GROUP_RANK``, the
@@ -179,6 +180,22 @@ The torchrun contract, so ``dist.init_process_group(backend)`` (``env://``) and
 * For elastic jobs, the agent runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless it
   is set: rank 0's worker then hosts the workers' store (a new one for every attempt),
   and ``TORCHELASTIC_USE_AGENT_STORE`` is ``False``.
+
+Seeing where a step goes
+------------------------
+
+``--timeline DIR`` sets ``RINGTRAIN_TIMELINE=DIR`` for the workers: every ring (and ``hvd.init()``)
+records its rank's steps — data wait, forward, backward, each gradient bucket's all-reduce (start,
+end, bytes), optimizer step, checkpoint, the ring's collectives — and writes its part,
+``DIR/timeline.rank-R.json``, when it closes; nobody waits for anybody. The last rank to finish merges
+the parts into ``DIR/timeline.json`` (one Chrome trace, a lane per rank: open it in
+https://ui.perfetto.dev or chrome://tracing) and ``DIR/timeline.png`` (per rank, the mean ms per step
+in data, forward, backward, all-reduce not hidden, optimizer, and how much of the all-reduce hid
+under backward; the last steps as a Gantt chart). If a rank died, ``ringtrain run`` merges after the
+job and names the ranks that left no part; ``ringtrain timeline DIR`` merges by hand. The last
+1,000 steps of each rank are kept. Scripts that do not train through a ring or ``hvd`` record
+nothing. Off, nothing is recorded and DDP keeps its built-in all-reduce; ranks on several hosts are
+as aligned as the hosts' clocks.
 
 Failure modes
 -------------
