@@ -81,21 +81,30 @@ class Activity:
         self.step = 0
         self.epoch: int | None = None
         self.times = StepTimes()
+        # A timeline.Recorder while a timeline records (timeline.py): it hears every phase change.
+        # None otherwise, and then the hot path pays one `is None` test per change.
+        self.recorder = None
 
     @contextlib.contextmanager
     def calling(self, what: str) -> Iterator[None]:
         self.calls += 1
         previous, self.current = self.current, f"{what} #{self.calls}"
         phase, since = self.phase, self.phase_since
-        self.enter("collective")
+        # Not enter(): a timeline shows the collective inside the phase it interrupts.
+        self.phase, self.phase_since = "collective", time.time()
+        started = self.phase_since
         try:
             yield
         finally:
             self.current = previous
             self.phase, self.phase_since = phase, since
+            if self.recorder is not None:
+                self.recorder.collective(what, started)
 
     def enter(self, phase: str) -> None:
         self.phase, self.phase_since = phase, time.time()
+        if self.recorder is not None:
+            self.recorder.enter(phase, self.phase_since)
 
     @contextlib.contextmanager
     def timed(self, phase: str, what: str) -> Iterator[None]:
@@ -106,6 +115,8 @@ class Activity:
             yield
         finally:
             self.times.add(what, time.perf_counter() - start)
+            if self.recorder is not None:
+                self.recorder.leave(phase)
 
 
 ACTIVITY = Activity()

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-from . import environments, precision as precisions, strategies
+from . import environments, precision as precisions, strategies, timeline as timelines
 from .activity import ACTIVITY
 from .data import RingLoader, make_loader
 from .errors import RingtrainError
@@ -45,7 +45,9 @@ class Ring:
     ``keep_last`` (periodic saves; a restarted job resumes in ``setup``), ``nonfinite``
     (``"raise"``, ``"skip"``, ``"ignore"``), ``debug_collectives`` (every collective checked
     across ranks first), ``stall_warning`` (seconds in one collective before the job's stall report
-    names who has not arrived and where: 60, or ``RINGTRAIN_STALL_WARNING``; None: never). A rank that fails, or finishes while others wait for it, ends the
+    names who has not arrived and where: 60, or ``RINGTRAIN_STALL_WARNING``; None: never). Seeing:
+    ``timeline`` (a folder, or ``RINGTRAIN_TIMELINE``: every rank's phases and gradient all-reduces as one
+    Chrome trace and a picture, timeline.py). A rank that fails, or finishes while others wait for it, ends the
     job in seconds, named on every rank (liveness.py). The README's user guide has the details.
     """
 
@@ -71,6 +73,7 @@ class Ring:
         nonfinite: str = "raise",
         debug_collectives: bool | float = False,
         stall_warning: float | None | str = "default",
+        timeline: str | None = None,
         **deprecated: Any,  # stages=, microbatches=, schedule=, split_at=, compression= (see strategies.resolve)
     ):
         env = environments.with_explicit(environments.detect(), world_size, rank)
@@ -86,8 +89,14 @@ class Ring:
         checkpoints = Resumer.checkpoint_dir(checkpoint_dir, save_every, keep_last)
         if debug_collectives is False and os.environ.get("RINGTRAIN_DEBUG_COLLECTIVES", "0") not in ("", "0"):
             debug_collectives = True  # the user's switch, read here and passed on explicitly
+        timeline = timeline or os.environ.get(timelines.ENV) or None  # ringtrain run --timeline sets it
+        if timeline is not None:
+            timelines.check_target(timeline)
 
         self.strategy.setup_environment()
+        self._timeline = None
+        if timeline is not None and ACTIVITY.recorder is None:  # one per process: hvd.start_timeline's is kept
+            self._timeline = timelines.start(timeline, self.rank, self.world_size, timelines.job_of(env))
         self.precision = precisions.Precision(precision, self.device)  # the device is claimed now
         if debug_collectives is not False:
             self.strategy.enable_collective_checks(60.0 if debug_collectives is True else float(debug_collectives))
@@ -339,10 +348,16 @@ class Ring:
     def close(self) -> None:
         """Finish this rank's asynchronous checkpoint, if one is being written; leave the process group."""
         self.resumer.flush(agree=False)
+        self._close_timeline()
         self.strategy.teardown()
+
+    def _close_timeline(self) -> None:
+        if self._timeline is not None:
+            self._timeline.close()  # this rank's part; merged by whoever finds every part there: no waiting
 
     def __enter__(self) -> "Ring":
         return self
 
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
+        self._close_timeline()
         self.strategy.teardown(error if isinstance(error, Exception) else None)

@@ -317,5 +317,9 @@ class Watchdog(threading.Thread):
                                   info.get("stack") or "", info)
         with contextlib.suppress(Exception):
             sys.stdout.flush()
+        recorder = ACTIVITY.recorder
+        if recorder is not None:  # a timeline's part, up to here (the merge is left to whoever outlives us)
+            with contextlib.suppress(Exception):
+                recorder.close(merge=False)
         failures.stop_own_processes()
         os._exit(STOPPED_EXIT_CODE)

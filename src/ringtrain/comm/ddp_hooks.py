@@ -48,6 +48,7 @@ class CastHook(Traffic):
         super().__init__()
         self.dtype, self.group = dtype, group
         self.world_size = dist.get_world_size(group)
+        self.hook_name = f"{'fp16' if dtype == torch.float16 else 'bf16'}_hook"  # on the timeline
 
     @staticmethod
     def hook(state, bucket):  # unannotated: DDP checks real annotations, and this module's are strings

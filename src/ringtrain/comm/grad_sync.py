@@ -35,11 +35,14 @@ that really stepped, so a joined rank tells a real step from the zeros other joi
 from __future__ import annotations
 
 import functools
+import time
 import weakref
 
 import torch
 import torch.distributed as dist
 
+from .. import timeline
+from ..activity import ACTIVITY
 from ..errors import RingtrainError
 from . import validate
 from .checks import Call, Kind, hash_text
@@ -69,6 +72,7 @@ class _Bucket:
         self.buffer = torch.zeros(self.numel + len(params) + 1, dtype=self.dtype, device=self.device)
         self.ready = 0
         self.pending = None  # (work, wire, ctx, payload numel, payload shape)
+        self.event = None  # its all-reduce on a timeline (timeline.py), when one records
 
     @property
     def payload(self) -> torch.Tensor:
@@ -98,6 +102,7 @@ class _Bucket:
     def clear(self) -> None:
         self.ready = 0
         self.pending = None
+        self.event = None
 
 
 def plan_buckets(params: list[torch.Tensor], threshold: int, groups: list[list[torch.Tensor]] | None = None):
@@ -235,11 +240,17 @@ class GradientSync:
                 if ps.grad_layout is not None and any(row[1] == Kind.JOIN for row in rows):
                     flush(ps.grad_layout[1], ps)  # joined ranks hold zero buckets of the old layout
                 ps.grad_layout = (self.layout_hash, self.wire_spec())
+        recorder = ACTIVITY.recorder
+        started = time.time() if recorder is not None else 0.0
         buffer, ctx, size, shape = self._wire(bucket)
         scale_(buffer[:size], self.prescale)
         _, engine_op = wire(buffer.dtype, self.op)
         work = dist.all_reduce(buffer, op=engine_op, group=ps.grad_group_for(buffer), async_op=True)
         bucket.pending = (work, buffer, ctx, size, shape)
+        if recorder is not None:  # a timeline: this bucket's all-reduce, from here to the work's completion
+            bucket.event = recorder.bucket(self._next, bucket.numel * bucket.buffer.element_size(), started,
+                                           getattr(self.compression, "__name__", "none"))
+            work.get_future().add_done_callback(functools.partial(timeline.ended, bucket.event))
 
     def wire_spec(self) -> list[tuple]:
         """What each bucket's engine call moves: (numel, dtype, device, engine op) — what a joined
@@ -273,6 +284,8 @@ class GradientSync:
     def _complete(self, bucket: _Bucket) -> None:
         work, buffer, ctx, size, shape = bucket.pending
         work.wait()
+        if bucket.event is not None:  # a timeline: done by now, if the completion callback has not said so yet
+            timeline.ended(bucket.event)
         result = self.compression.decompress(buffer[:size].view(shape), ctx).reshape(-1)
         if result.dtype != bucket.dtype:
             result = result.to(bucket.dtype)

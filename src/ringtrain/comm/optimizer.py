@@ -22,6 +22,7 @@ import warnings
 
 import torch
 
+from ..activity import ACTIVITY
 from ..errors import RingtrainError
 from . import adasum, validate
 from .checks import Call, Kind
@@ -60,12 +61,19 @@ class _Distributed:
         return self._sync.backward_passes_per_step
 
     def step(self, closure=None):
+        recorder = ACTIVITY.recorder
+        if recorder is not None:  # a timeline: the step (and its wait for the buckets) where no ring marks it
+            with recorder.span("optimizer"):
+                return self._synchronized_step(closure)
+        return self._synchronized_step(closure)
+
+    def _synchronized_step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
                     "optimizer.step() called without optimizer.skip_synchronize() after optimizer.synchronize(); "
                     "gradients are synchronized twice, which slows training. Use `with optimizer.skip_synchronize():`.",
-                    stacklevel=2,
+                    stacklevel=3,
                 )
             self.synchronize()
         self._synchronized = False

@@ -73,6 +73,7 @@ class PowerSGDHook(Traffic):
         self.q: dict[str, torch.Tensor] = {}
         self.error: dict[str, torch.Tensor] = {}
         self.steps = 0  # backward passes whose gradients were all-reduced
+        self.hook_name = "powersgd_hook"  # on the timeline
         self._work: queue.SimpleQueue | None = None  # buckets for the worker thread, in DDP's order
 
     # --- the hook: hands the bucket to the worker, which completes the future ------------------

@@ -14,18 +14,19 @@ gradient bucket, default 64 MiB), ``RINGTRAIN_HVD_CHECKS=0`` (turn the
 cross-rank metadata check off; ``init(checks=False)`` does the same) and
 ``RINGTRAIN_DEBUG_COLLECTIVES=1`` (or a number of seconds: the check travels through the
 rendezvous store instead, so a rank that never arrives is named after that long, as under
-``Ring(debug_collectives=...)``).
+``Ring(debug_collectives=...)``), and ``HOROVOD_TIMELINE=file`` (``start_timeline(file)`` at ``init()``;
+``ringtrain run --timeline DIR`` works too).
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 
 import torch
 import torch.distributed as dist
 
-from .. import environments
+from .. import environments, timeline
+from ..activity import ACTIVITY
 from ..comm import DEFAULT_FUSION_THRESHOLD, GLOBAL, ProcessSet, ProcessSetTable, ReduceOp
 from ..errors import RingtrainError
 from ..comm.store_check import StoreRows
@@ -59,6 +60,7 @@ class _Runtime:
         self.homogeneous = True
         self.table = ProcessSetTable()
         self.topology_for = None  # (default group, topology) of the last init
+        self.timeline = None  # the timeline.Recorder start_timeline started
 
 
 RUNTIME = _Runtime()
@@ -102,6 +104,10 @@ def init(comm=None, process_sets=None, *, checks: bool | None = None) -> None:
             GLOBAL.checker = StoreRows(rt.group.check_store(), 60.0 if debug == "1" else float(debug), "hvd-check")
         _topology(rt, env)
         rt.initialized = True
+        # HOROVOD_TIMELINE=file (Horovod's; DYNAMIC: wait for start_timeline) or ringtrain run --timeline's folder.
+        wanted = os.environ.get("HOROVOD_TIMELINE") or os.environ.get(timeline.ENV)
+        if wanted and wanted != "DYNAMIC" and ACTIVITY.recorder is None:
+            start_timeline(wanted)
     elif checks is not None:
         rt.checks = checks
     if process_sets is not None and process_sets != "dynamic":
@@ -142,6 +148,7 @@ def shutdown() -> None:
     rt = RUNTIME
     if not rt.initialized:
         return
+    stop_timeline()
     rt.table.reset()
     rt.initialized = False
 
@@ -240,19 +247,22 @@ def rocm_built() -> bool:
     return getattr(torch.version, "hip", None) is not None
 
 
-_TIMELINE_WARNED = False
-
-
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    global _TIMELINE_WARNED
-    if not _TIMELINE_WARNED:
-        warnings.warn("ringtrain.horovod records no Horovod timeline; use torch.profiler for traces", RuntimeWarning,
-                      stacklevel=2)
-        _TIMELINE_WARNED = True
+    """Record this rank's timeline (each gradient bucket's all-reduce, the optimizer steps, the ring's phases
+    when a ring runs too) until ``stop_timeline()``; parts ``<file>.rank-<r>.json`` go beside ``file_path``,
+    and whoever finds every rank's part merges them into ``file_path`` (one Chrome trace, a lane per rank) and
+    ``<file>.png`` (ringtrain/timeline.py). ``mark_cycles`` is accepted: there are no cycles to mark (buckets
+    go out when they are complete, not on Horovod's cycle clock). Another call first stops the running one."""
+    rt = require_init()
+    stop_timeline()
+    RUNTIME.timeline = timeline.start(file_path, GLOBAL.rank(), GLOBAL.size(), timeline.job_of(rt.env))
 
 
 def stop_timeline() -> None:
-    return None
+    """Stop recording; write this rank's part (merged as ``start_timeline`` says). Never waits on the others."""
+    recorder, RUNTIME.timeline = RUNTIME.timeline, None
+    if recorder is not None:
+        recorder.close()
 
 
 # --- process sets ---------------------------------------------------------------

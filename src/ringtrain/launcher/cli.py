@@ -34,6 +34,7 @@ COMMANDS: dict[str, Command] = {
     "bench": Command("ringtrain.bench.cli", "measure every mode (single, dp, ddp, accumulate, hvd, pipeline, raw DDP) on this machine"),
     "doctor": Command("ringtrain.doctor.cli", "read a plain PyTorch distributed script and name the traps it falls into"),
     "stacks": Command("ringtrain.launcher.stacks", "make every rank of a running job print its Python stack (kill -USR1)"),
+    "timeline": Command("ringtrain.timeline", "merge the per-rank parts of a --timeline folder into one trace and its picture"),
     "consolidate": Command("ringtrain.launcher.consolidate", "turn a sharded checkpoint folder into one plain torch.save file"),
 }
 

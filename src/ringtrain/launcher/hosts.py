@@ -303,7 +303,7 @@ def agent_options(ns: argparse.Namespace) -> list:
     """The options every node's agent gets from a -H/--hostfile command (the rest is per node)."""
     options = ["--horovod"] if ns.horovod else []
     for flag, value in (("--gpus", ns.gpus), ("--max-restarts", ns.max_restarts), ("--log-dir", ns.log_dir),
-                        ("--timeout", ns.timeout)):
+                        ("--timeout", ns.timeout), ("--timeline", getattr(ns, "timeline", None))):
         if value is not None:
             options += [flag, str(value)]
     return options

@@ -166,6 +166,7 @@ The torchrun contract, so ``dist.init_process_group(backend)`` (``env://``) and
 * ``OMP_NUM_THREADS=1`` when it is unset and there is more than one worker per node, as
   torchrun does (with the same warning); set it yourself to tune CPU threads.
 * ``CUDA_VISIBLE_DEVICES`` when ``--gpus`` is given.
+* ``RINGTRAIN_TIMELINE`` (the folder) when ``--timeline DIR`` is given.
 * With ``--horovod``, Horovod's variables, from the ones above: ``HOROVOD_RANK`` (=
   ``RANK``), ``HOROVOD_SIZE`` (``WORLD_SIZE``), ``HOROVOD_LOCAL_RANK`` (``LOCAL_RANK``),
   ``HOROVOD_LOCAL_SIZE`` (``LOCAL_WORLD_SIZE``), ``HOROVOD_CROSS_RANK`` (``GROUP_RANK``, the
@@ -179,6 +180,22 @@ The torchrun contract, so ``dist.init_process_group(backend)`` (``env://``) and
 * For elastic jobs, the agent runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless it
   is set: rank 0's worker then hosts the workers' store (a new one for every attempt),
   and ``TORCHELASTIC_USE_AGENT_STORE`` is ``False``.
+
+Seeing where a step goes
+------------------------
+
+``--timeline DIR`` sets ``RINGTRAIN_TIMELINE=DIR`` for the workers: every ring (and ``hvd.init()``)
+records its rank's steps — data wait, forward, backward, each gradient bucket's all-reduce (start,
+end, bytes), optimizer step, checkpoint, the ring's collectives — and writes its part,
+``DIR/timeline.rank-R.json``, when it closes; nobody waits for anybody. The last rank to finish merges
+the parts into ``DIR/timeline.json`` (one Chrome trace, a lane per rank: open it in
+https://ui.perfetto.dev or chrome://tracing) and ``DIR/timeline.png`` (per rank, the mean ms per step
+in data, forward, backward, all-reduce not hidden, optimizer, and how much of the all-reduce hid
+under backward; the last steps as a Gantt chart). If a rank died, ``ringtrain run`` merges after the
+job and names the ranks that left no part; ``ringtrain timeline DIR`` merges by hand. The last
+1,000 steps of each rank are kept. Scripts that do not train through a ring or ``hvd`` record
+nothing. Off, nothing is recorded and DDP keeps its built-in all-reduce; ranks on several hosts are
+as aligned as the hosts' clocks.
 
 Failure modes
 -------------
@@ -309,6 +326,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="accepted and ignored, as torchrun does: workers always get LOCAL_RANK in their environment.")
     add("--timeout", type=int, default=300, metavar="SECONDS",
         help="how long nodes wait for each other to join the rendezvous. Default: 300.")
+    add("--timeline", default=None, metavar="DIR",
+        help="record every rank's steps (data, forward, backward, each gradient bucket's all-reduce, optimizer, "
+        "checkpoint, collectives) into DIR/timeline.json (Perfetto / chrome://tracing) and DIR/timeline.png "
+        "(see \"Seeing where a step goes\" below). Sets RINGTRAIN_TIMELINE=DIR for the workers.")
     horovod = parser.add_argument_group("Horovod scripts and horovodrun-style flags (see \"Horovod scripts\" below)")
     horovod.add_argument("--horovod", action="store_true",
                          help="let workers `import horovod.torch` (ringtrain's) and give them the HOROVOD_* variables.")
@@ -349,6 +370,7 @@ class Plan:
     target_args: list[str] = field(default_factory=list)
     local_rank_arg: str | None = None  # "--local_rank" / "--local-rank" if the script declares it
     horovod: bool = False  # workers get the `horovod` alias and HOROVOD_* (worker.py --horovod)
+    timeline: str | None = None  # the folder of --timeline (checked), merged here after the job
 
 
 def _parse_gpus(text: str) -> list[int]:
@@ -475,6 +497,11 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
     source = scripts.read_source(source_file) if source_file else ""
     spelling = scripts.local_rank_spelling(source)
     master_port = _script_rendezvous(ns, scripts.tcp_rendezvous(source), min_nodes != max_nodes)
+    timeline = getattr(ns, "timeline", None)
+    if timeline is not None:
+        from ..timeline import check_target  # no torch: --help and argument errors stay fast
+
+        timeline = check_target(timeline, "--timeline")[0]
     return Plan(
         nproc=nproc,
         nnodes=ns.nnodes,
@@ -492,6 +519,7 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
         target_args=list(ns.script_args),
         local_rank_arg=spelling,
         horovod=getattr(ns, "horovod", False),
+        timeline=timeline,
     )
 
 
@@ -596,6 +624,8 @@ def execute(plan: Plan) -> int:
         # sharing off, each round's workers get a store of their own on a new port.
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
+    if plan.timeline is not None:
+        os.environ["RINGTRAIN_TIMELINE"] = plan.timeline  # a ring (or hvd.init) in each worker records there
     args = torchrun_args(plan, port)
     # kill -USR1 on this process (ringtrain stacks): every rank prints its stack (stacks.py).
     requests = StackRequests((plan.master_addr, port), store)
@@ -616,6 +646,10 @@ def execute(plan: Plan) -> int:
     finally:
         requests.uninstall()
         remove_native_dumps()
+        if plan.timeline is not None:
+            from ..timeline import merge_after_job
+
+            merge_after_job(plan.timeline)  # unless the last worker did; a rank that died has no part
     summary = run_summary(job_board(store))
     if summary:
         print(summary, file=sys.stderr)

@@ -13,6 +13,7 @@ from typing import Any, ContextManager
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .. import timeline
 from ..comm import ddp_hooks
 from ..errors import RingtrainError
 from ..stages import spans_devices
@@ -69,9 +70,11 @@ class DDP(Distributed, BackwardSyncControl):
         wrapped = DistributedDataParallel(module, device_ids=device_ids, process_group=group,
                                           **{**self.ddp_options, **options})
         made = ddp_hooks.make_hook(self.resolved(module, group), module, group)
-        if made is not None:
-            state, hook = made
+        state, hook = made if made is not None else (group, None)
+        hook = timeline.comm_hook(hook)  # a timeline records each bucket's all-reduce (None: DDP's built-in)
+        if hook is not None:
             wrapped.register_comm_hook(state, hook)
+        if made is not None:
             self.hooks.append(state)
             if self._saved_comm is not None:
                 self._load_hook_state(state, self._saved_comm)
