@@ -19,10 +19,11 @@ def test_hvd_matches_one_process_with_and_without_accumulation(run_ranks):
         assert (params[0] - reference).abs().max().item() <= 1e-5, name
 
 
-def test_fp16_compression_stays_close(run_ranks):
+def test_fp16_and_bf16_compression_stay_close(run_ranks):
     reference = jobs.train(16, 2)
-    for strategy in ("hvd", "ddp"):
-        params = run_ranks(jobs.train, 8, 2, strategy=strategy, compression="fp16")[0]
+    for strategy in (rt.strategies.Horovod(compression="fp16"), rt.strategies.DDP(compression="fp16"),
+                     rt.strategies.Horovod(compression="bf16")):
+        params = run_ranks(jobs.train, 8, 2, strategy=strategy)[0]
         assert (params - reference).abs().max().item() <= 5e-3, strategy
 
 
