@@ -36,6 +36,19 @@ WORKLOADS = {
 }
 
 
+
+def ring_samples_per_s(ring, model, optimizer, loader, epochs: int) -> float:
+    """Samples/s over all ranks of ``epochs`` of the ring loop (barriers around the timed part)."""
+    ring.barrier()
+    start = time.perf_counter()
+    for _ in range(epochs):
+        for x, y in loader:
+            ring.backward(F.cross_entropy(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+    ring.barrier()
+    return epochs * len(loader.sampler) * ring.world_size / (time.perf_counter() - start)
+
 def dataset(shape, n):
     g = torch.Generator().manual_seed(0)
     return TensorDataset(torch.randn(n, *shape, generator=g), torch.randint(0, 10, (n,), generator=g))

@@ -23,13 +23,12 @@ import tempfile
 import time
 
 import torch
-import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ringtrain as rt  # noqa: E402
-from overhead import WORKLOADS, dataset  # noqa: E402
+from overhead import WORKLOADS, dataset, ring_samples_per_s  # noqa: E402
 from ringtrain import timeline  # noqa: E402
 from ringtrain.activity import ACTIVITY  # noqa: E402
 
@@ -56,17 +55,9 @@ def rounds(workload: str, n: int, epochs: int, out: str) -> list[tuple[float, fl
     def timed(state: str) -> float:
         model, optimizer = models[state]
         ACTIVITY.recorder = recorder if state == "on" else None
-        ring.barrier()
-        start = time.perf_counter()
-        for _ in range(epochs):
-            for x, y in loader:
-                ring.backward(F.cross_entropy(model(x), y))
-                optimizer.step()
-                optimizer.zero_grad()
-        ring.barrier()
-        seconds = time.perf_counter() - start
+        rate = ring_samples_per_s(ring, model, optimizer, loader, epochs)
         ACTIVITY.recorder = None
-        return epochs * len(loader.sampler) * ring.world_size / seconds
+        return rate
 
     for state in ORDER:
         timed(state)  # warm-up (DDP rebuilds its buckets after the first step)

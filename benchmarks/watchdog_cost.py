@@ -24,12 +24,11 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ringtrain as rt  # noqa: E402
-from overhead import WORKLOADS, dataset  # noqa: E402
+from overhead import WORKLOADS, dataset, ring_samples_per_s  # noqa: E402
 from ringtrain import liveness  # noqa: E402
 from ringtrain.activity import Activity  # noqa: E402
 
@@ -79,15 +78,7 @@ def rounds(workload: str, n: int, epochs: int) -> list[tuple[float, float]]:
     watchdog_cpu = watchdog_wall = 0.0
 
     def timed() -> float:
-        ring.barrier()
-        start = time.perf_counter()
-        for _ in range(epochs):
-            for x, y in loader:
-                ring.backward(F.cross_entropy(model(x), y))
-                optimizer.step()
-                optimizer.zero_grad()
-        ring.barrier()
-        return epochs * len(loader.sampler) * ring.world_size / (time.perf_counter() - start)
+        return ring_samples_per_s(ring, model, optimizer, loader, epochs)
 
     timed()  # warm-up
     out = []

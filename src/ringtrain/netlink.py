@@ -40,6 +40,7 @@ from functools import lru_cache
 from typing import Iterator, Sequence
 
 from .errors import RingtrainError
+from .failures import process_exists
 
 PREFIX = "ringtrain-"
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$")
@@ -227,23 +228,13 @@ def remove_stale() -> list[str]:
     with contextlib.suppress(OSError):
         for name in os.listdir("/run/netns"):
             pid = _creator(name)
-            if pid is None or pid == os.getpid() or _alive(pid):
+            if pid is None or pid == os.getpid() or process_exists(pid):
                 continue
             if subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.strip():
                 continue
             if subprocess.run(["ip", "netns", "del", name], capture_output=True).returncode == 0:
                 removed.append(name)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _delete(name: str) -> None:
