@@ -111,6 +111,7 @@ def test_auto_measures_once_and_says_what_it_chose(run_ranks_module, capfd):
     (lambda: rt.strategies.PowerSGD(rank=0), "rank=0"),
     (lambda: rt.strategies.PowerSGD(start_step=-1), "start_step=-1"),
     (lambda: rt.strategies.PowerSGD(min_compression_rate="x"), "min_compression_rate"),
+    (lambda: rt.strategies.PowerSGD(batched=True), "batched=True"),
 ])
 def test_bad_compression_options_are_named(make, says):
     with pytest.raises(rt.RingtrainError, match="HINT") as error:

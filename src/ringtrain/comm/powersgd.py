@@ -46,7 +46,14 @@ class PowerSGD:
     """
 
     def __init__(self, rank: int = 8, *, start_step: int = 0, min_compression_rate: float = 2.0,
-                 warm_start: bool = True, seed: int = 0):
+                 warm_start: bool = True, seed: int = 0, batched: bool = False):
+        if batched:  # torch's batched_powerSGD_hook: one matrix for the whole bucket
+            raise RingtrainError(
+                "PowerSGD got batched=True: batched PowerSGD is not offered (torch's batched hook compresses a "
+                "bucket as one square matrix, mixing layers, and raises an empty AssertionError in _orthogonalize "
+                "on this torch)",
+                "drop batched=True: ringtrain's PowerSGD already sends each bucket in two all-reduces, with "
+                "every layer compressed on its own.")
         for name, value, low in (("rank", rank, 1), ("start_step", start_step, 0), ("seed", seed, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise RingtrainError(f"PowerSGD got {name}={value!r}", f"pass an integer >= {low}.")
