@@ -45,9 +45,8 @@ class Ring:
     ``keep_last`` (periodic saves; a restarted job resumes in ``setup``), ``nonfinite``
     (``"raise"``, ``"skip"``, ``"ignore"``), ``debug_collectives`` (every collective checked
     across ranks first), ``stall_warning`` (seconds in one collective before the job's stall report
-    names who has not arrived and where: 60, or ``RINGTRAIN_STALL_WARNING``; None: never). Seeing:
-    ``timeline`` (a folder, or ``RINGTRAIN_TIMELINE``: every rank's phases and gradient all-reduces as one
-    Chrome trace and a picture, timeline.py). A rank that fails, or finishes while others wait for it, ends the
+    names who has not arrived and where: 60, or ``RINGTRAIN_STALL_WARNING``; None: never); ``timeline``
+    (a folder, or ``RINGTRAIN_TIMELINE``: one Chrome trace of every rank and a picture). A rank that fails, or finishes while others wait for it, ends the
     job in seconds, named on every rank (liveness.py). The README's user guide has the details.
     """
 
@@ -89,28 +88,19 @@ class Ring:
         checkpoints = Resumer.checkpoint_dir(checkpoint_dir, save_every, keep_last)
         if debug_collectives is False and os.environ.get("RINGTRAIN_DEBUG_COLLECTIVES", "0") not in ("", "0"):
             debug_collectives = True  # the user's switch, read here and passed on explicitly
-        timeline = timeline or os.environ.get(timelines.ENV) or None  # ringtrain run --timeline sets it
-        if timeline is not None:
-            timelines.check_target(timeline)
-
+        timeline = timelines.ring_target(timeline)
         self.strategy.setup_environment()
-        self._timeline = None
-        if timeline is not None and ACTIVITY.recorder is None:  # one per process: hvd.start_timeline's is kept
-            self._timeline = timelines.start(timeline, self.rank, self.world_size, timelines.job_of(env))
+        self._timeline = timelines.start_for_ring(timeline, env)
         self.precision = precisions.Precision(precision, self.device)  # the device is claimed now
         if debug_collectives is not False:
             self.strategy.enable_collective_checks(60.0 if debug_collectives is True else float(debug_collectives))
-        self.seed = seed
-        if seed is not None:
-            seed_everything(seed)
+        self.seed = seed if seed is None else seed_everything(seed)
         self.sync_batchnorm = sync_batchnorm
         configure_kernels(deterministic, cudnn_benchmark)
         if checkpoints is not None and self.is_main:
             checkpoints.check_writable()  # a folder that cannot take a checkpoint is named now, not at step N
             checkpoints.prepare()
-        self._models: list[nn.Module] = []
-        self._optimizers: list[torch.optim.Optimizer] = []
-        self._loaders: list[RingLoader] = []
+        self._models, self._optimizers, self._loaders = [], [], []  # nn.Module, Optimizer, RingLoader
         self._remaining_batches: int | None = None
         self._window = NoSyncWindow(self.step_state, getattr(self.strategy, "no_sync", None),
                                     lambda: self._remaining_batches)
@@ -348,16 +338,12 @@ class Ring:
     def close(self) -> None:
         """Finish this rank's asynchronous checkpoint, if one is being written; leave the process group."""
         self.resumer.flush(agree=False)
-        self._close_timeline()
+        timelines.close(self._timeline)
         self.strategy.teardown()
-
-    def _close_timeline(self) -> None:
-        if self._timeline is not None:
-            self._timeline.close()  # this rank's part; merged by whoever finds every part there: no waiting
 
     def __enter__(self) -> "Ring":
         return self
 
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
-        self._close_timeline()
+        timelines.close(self._timeline)
         self.strategy.teardown(error if isinstance(error, Exception) else None)

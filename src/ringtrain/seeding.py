@@ -8,11 +8,12 @@ import numpy as np
 import torch
 
 
-def seed_everything(seed: int) -> None:
-    """Seed python's, numpy's and torch's generators (torch's seeds every CUDA device too)."""
+def seed_everything(seed: int) -> int:
+    """Seed python's, numpy's and torch's generators (torch's seeds every CUDA device too); returns ``seed``."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+    return seed
 
 
 def configure_kernels(deterministic: bool, cudnn_benchmark: bool | None) -> None:

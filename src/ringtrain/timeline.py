@@ -214,6 +214,28 @@ def start(target: str, rank: int, world_size: int, job: str, **options: Any) -> 
     return recorder
 
 
+def ring_target(folder: str | None) -> str | None:
+    """``Ring(timeline=...)``, else ``RINGTRAIN_TIMELINE`` (``ringtrain run --timeline`` sets it), checked
+    before the group forms; None: off."""
+    folder = folder or os.environ.get(ENV) or None
+    if folder is not None:
+        check_target(folder)
+    return folder
+
+
+def start_for_ring(folder: str | None, env: Any) -> Recorder | None:
+    """A ring's recorder, or None: off, or one already records in this process (hvd.start_timeline's)."""
+    if folder is None or ACTIVITY.recorder is not None:
+        return None
+    return start(folder, env.rank, env.world_size, job_of(env))
+
+
+def close(recorder: Recorder | None) -> None:
+    """Write this rank's part (merged by whoever finds every part there: no waiting)."""
+    if recorder is not None:
+        recorder.close()
+
+
 def job_of(env: Any) -> str:
     """What the ranks of one job share (and a later job, usually not): which parts belong together."""
     if env.world_size <= 1:
