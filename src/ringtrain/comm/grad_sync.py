@@ -237,7 +237,7 @@ class GradientSync:
                 # Blocking, so a rank with another model raises before any bucket is reduced
                 # (mismatched bucket sizes would hang the engine). Once per layout, not per step.
                 rows = validate.run(ps, self._layout_call(), True, allow_joined=True)
-                if ps.grad_layout is not None and any(row[1] == Kind.JOIN for row in rows):
+                if ps.grad_layout is not None and any(row.kind == Kind.JOIN for row in rows):
                     flush(ps.grad_layout[1], ps)  # joined ranks hold zero buckets of the old layout
                 ps.grad_layout = (self.layout_hash, self.wire_spec())
         recorder = ACTIVITY.recorder

@@ -30,7 +30,7 @@ import torch
 
 from ..errors import RingtrainError
 from . import checks
-from .checks import Call, Kind, hash_text
+from .checks import Call, Kind, Row, hash_text
 from .groups import ProcessSet
 from .handles import Handle
 from .ops import all_gather_flat
@@ -129,7 +129,7 @@ def forget(process_set: ProcessSet) -> None:
 
 
 # --- the rounds -------------------------------------------------------------------------
-def exchange(ps: ProcessSet, call: Call) -> tuple[list[list[int]], bool]:
+def exchange(ps: ProcessSet, call: Call) -> tuple[list[Row], bool]:
     """One check round: every member's descriptor, then held ops started where possible.
 
     Returns the rows and whether held ops were started in this round.
@@ -146,17 +146,17 @@ def describe_held(ps: ProcessSet, call: Call) -> None:
         call.held_digest = hash_text("\n".join(sorted(ps.held)))
 
 
-def settle(ps: ProcessSet, rows: list[list[int]]) -> bool:
+def settle(ps: ProcessSet, rows: list[Row]) -> bool:
     """Start the held ops that every active member holds (same decision on every rank)."""
     if ps.settling:
         return False
-    joined = [i for i, row in enumerate(rows) if row[0] == checks.MAGIC and row[1] == Kind.JOIN]
+    joined = [i for i, row in enumerate(rows) if row.joined]
     active = [i for i in range(len(rows)) if i not in joined]
-    if not active or any(rows[i][0] != checks.MAGIC or rows[i][checks.HELD] <= 0 for i in active):
+    if not active or any(not rows[i].ours or rows[i].held <= 0 for i in active):
         return False
     me = ps.rank()
     mine = sorted(ps.held) if me in active else []
-    if not joined and len({rows[i][checks.HELD_DIGEST] for i in active}) == 1:
+    if not joined and len({rows[i].held_digest for i in active}) == 1:
         names = mine
     else:
         lists = _gather_names(ps, mine)
@@ -183,8 +183,8 @@ def _serve_until_settled(ps: ProcessSet) -> None:
 
     while True:
         rows = checks.exchange(ps, Call(Kind.JOIN))
-        active = [row for row in rows if row[0] != checks.MAGIC or row[1] != Kind.JOIN]
-        if active and all(row[0] == checks.MAGIC and row[1] == Kind.SETTLED for row in active):
+        active = [row for row in rows if not row.joined]
+        if active and all(row.ours and row.kind == Kind.SETTLED for row in active):
             return
         serve(rows, ps)
 
@@ -192,7 +192,7 @@ def _serve_until_settled(ps: ProcessSet) -> None:
 PASSIVE = (Kind.WAIT, Kind.BARRIER)
 
 
-def wait_rounds(ps: ProcessSet, call: Call, done) -> list[list[int]]:
+def wait_rounds(ps: ProcessSet, call: Call, done) -> list[Row]:
     """Check rounds for a call that waits for the others (a barrier, a held op's synchronize).
 
     Returns the rows of the round where ``done(rows)`` holds. Meanwhile, as in Horovod, this
@@ -207,10 +207,10 @@ def wait_rounds(ps: ProcessSet, call: Call, done) -> list[list[int]]:
             return rows
         if started:
             continue
-        active = [row for row in rows if row[0] != checks.MAGIC or row[1] != Kind.JOIN]
-        if any(row[0] != checks.MAGIC for row in active):
+        active = [row for row in rows if not row.joined]
+        if any(not row.ours for row in active):
             raise checks.mismatch(ps, rows)
-        if all(row[1] in PASSIVE for row in active):
+        if all(row.kind in PASSIVE for row in active):
             raise RingtrainError(
                 "every rank waits for the others (in barrier() or in synchronize() of a named op that not every "
                 f"rank has submitted); held on this rank: {sorted(ps.held)}\n" + checks.mismatch(ps, rows).message,
@@ -231,7 +231,7 @@ def wait_for(held: Held) -> None:
 def barrier(ps: ProcessSet) -> None:
     """Return once every active member is in this barrier (joined members count as arrived)."""
     def everyone_here(rows) -> bool:
-        return all(row[0] == checks.MAGIC and row[1] in (Kind.BARRIER, Kind.JOIN) for row in rows)
+        return all(row.ours and row.kind in (Kind.BARRIER, Kind.JOIN) for row in rows)
 
     wait_rounds(ps, Call(Kind.BARRIER), everyone_here)
 
