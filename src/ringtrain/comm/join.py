@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import time
 
-import torch
 import torch.distributed as dist
 
 from ..errors import RingtrainError
 from . import checks, grad_sync, named, validate
 from .checks import Call, Kind, Row
 from .groups import ProcessSet
-from .ops import CODE_DTYPE, ReduceOp, wire
+from .joined import serve
 
 
 
@@ -129,35 +128,3 @@ class _Mirror:
         while self.posted is not None and self._real_step():  # a last step not yet seen
             self.posted = grad_sync.post_zeros(self.ps.grad_layout[1], self.ps)
         self.posted = None
-
-
-def serve(rows: list[Row], ps: ProcessSet, device=None, mirror: _Mirror | None = None) -> None:
-    """A joined rank's part in what the active ranks run now (described by ``rows``).
-
-    Allreduces get zeros, a newly verified gradient layout gets zero buckets posted;
-    anything else is the active ranks' error to raise — invalid arguments, mismatched
-    calls, or an op joined ranks cannot take part in — and this rank, as in Horovod,
-    just keeps waiting for the next round.
-    """
-    active = [row for row in rows if not row.joined]
-    reference = active[0]
-    if any(not row.ours or row.invalid for row in active) or any(
-            row.compared() != reference.compared() for row in active):
-        return
-    if reference.kind == Kind.ALLREDUCE:
-        _zeros_allreduce(reference, ps, device)
-    elif reference.kind == Kind.GRAD_SYNC and mirror is not None:
-        mirror.switch(reference.agree)  # a gradient sync's agree hash is its layout hash
-
-
-def _zeros_allreduce(row: Row, ps: ProcessSet, device) -> None:
-    code, numel = row.dtype, row.aux
-    dtype = CODE_DTYPE[code % checks.CUDA_FLAG]
-    if code >= checks.CUDA_FLAG:
-        where = device or torch.device("cuda", torch.cuda.current_device())
-    else:
-        where = torch.device("cpu")
-    wire_dtype, engine_op = wire(dtype, ReduceOp(row.op))
-    if numel:
-        zeros = torch.zeros(numel, dtype=wire_dtype, device=where)
-        dist.all_reduce(zeros, op=engine_op, group=ps.group_for(zeros))
