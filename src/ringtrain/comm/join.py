@@ -119,7 +119,7 @@ class _Mirror:
         """The others verified another layout (after completing our posted zeros with a flush)."""
         while self.posted is not None and self._real_step():
             self.posted = grad_sync.post_zeros(self.ps.grad_layout[1], self.ps)
-        spec = grad_sync.spec_of(layout_hash)
+        spec = grad_sync.spec_of(self.ps, layout_hash)
         self.ps.grad_layout = (layout_hash, spec)
         self.posted = grad_sync.post_zeros(spec, self.ps)
 
