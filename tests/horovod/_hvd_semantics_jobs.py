@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 import ringtrain.horovod as hvd
-from ringtrain.comm import GLOBAL
+from ringtrain.comm import GLOBAL, named
 
 LR = 0.1
 
@@ -84,7 +84,7 @@ def named_and_errors() -> dict:
     # names given per step do not pile up: finished ones are forgotten
     for step in range(300):
         hvd.synchronize(hvd.allreduce_async(x, name=f"loss.{step}"))
-    out["names_recorded"] = len(GLOBAL.inflight)
+    out["names_recorded"] = len(named.ops_of(GLOBAL).inflight)
 
     # sparse_allreduce_async returns something callable, as Horovod's does
     dense = torch.zeros(5, 3)

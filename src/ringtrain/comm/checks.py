@@ -4,7 +4,7 @@ A collective called with different shapes, dtypes, ops or roots on different ran
 either hangs (sizes differ, so the engine waits for bytes that never come) or
 returns garbage. Horovod's coordinator catches this by negotiating every tensor by
 name; here each collective is preceded by one small ``all_gather`` of a fixed-size
-int64 descriptor per rank (16 numbers), compared on every rank. The check itself
+int64 descriptor per rank (``Row``, WIDTH numbers), compared on every rank. The check itself
 has the same shape whatever was asked for, so it cannot hang on a mismatch, and
 since every rank sees the same gathered rows, every rank raises the same error.
 
@@ -24,11 +24,13 @@ from __future__ import annotations
 import enum
 import hashlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from ..errors import RingtrainError
 from .groups import ProcessSet
+from .handles import Handle
 from .ops import CODE_DTYPE, ReduceOp, all_gather_flat, dtype_code
 
 WIDTH = 18
@@ -52,12 +54,61 @@ class Kind(enum.IntEnum):
     GATHER = 13  # to one rank (ring.gather; dist.gather)
 
 
-# Fields: 0 magic, 1 kind, 2 dtype (+1000 on CUDA), 3 op, 4 root, 5 ndim, 6..13 dims,
-# 14 hash of everything that must agree, 15 aux (allgather rows, join round, buckets),
-# 16 number of named ops this rank holds, 17 digest of their names (named.py).
-COMPARED = (0, 1, 2, 3, 4, 5, 14)
-HELD, HELD_DIGEST = 16, 17
 CUDA_FLAG = 1000
+# The op code of a rank whose own arguments were invalid: it still takes part in the round,
+# so its peers raise too instead of waiting in a collective it will never run (validate.py).
+INVALID_OP = -9
+
+
+class Row(NamedTuple):
+    """One rank's descriptor, as every rank reads it after the exchange.
+
+    On the wire a row is WIDTH plain int64 (one all_gather of a flat tensor, or JSON through
+    the store in debug mode); ``wire()`` and ``parse()`` are the only places that know the
+    positions. A row whose ``magic`` is not MAGIC was not written by a check (a raw
+    torch.distributed call met ours); its other fields are then meaningless.
+    """
+
+    magic: int
+    kind: int  # a Kind
+    dtype: int  # ops.dtype_code, + CUDA_FLAG on CUDA; 0 = no tensor
+    op: int  # a ReduceOp, INVALID_OP, or -1
+    root: int  # -1 = none
+    ndim: int
+    dims: tuple  # the first _DIMS dims, padded with -1 (shown in messages; the full shape is in ``agree``)
+    agree: int  # hash of everything else that must agree (full shape, scale factors, layout)
+    aux: int  # allgather's first dim, allreduce's numel, join round, gradient buckets
+    held: int  # number of named ops this rank holds (named.py)
+    held_digest: int  # digest of their names (named.py)
+
+    @classmethod
+    def parse(cls, values) -> "Row":
+        """A row from its WIDTH ints on the wire."""
+        values = [int(v) for v in values]
+        return cls(*values[:6], tuple(values[6:6 + _DIMS]), *values[6 + _DIMS:])
+
+    def wire(self) -> list[int]:
+        """The WIDTH ints that travel: magic, kind, dtype, op, root, ndim, 8 dims, agree, aux, held, digest."""
+        return [*self[:6], *self.dims, *self[7:]]
+
+    @property
+    def ours(self) -> bool:
+        """Written by a metadata check (not by a raw collective that met ours)."""
+        return self.magic == MAGIC
+
+    @property
+    def joined(self) -> bool:
+        """The rank has called join() and only serves the others."""
+        return self.ours and self.kind == Kind.JOIN
+
+    @property
+    def invalid(self) -> bool:
+        """The rank's own arguments were invalid: it raises, and so must everyone else."""
+        return self.ours and self.op == INVALID_OP
+
+    def compared(self) -> tuple:
+        """What every active rank's row must match (everything but dims, aux and the named-op fields)."""
+        return (self.magic, self.kind, self.dtype, self.op, self.root, self.ndim, self.agree)
 
 
 class InvalidArgument(RingtrainError, ValueError):
@@ -86,13 +137,18 @@ def hash_text(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
 
 
-def _encode(call: Call) -> list[int]:
+def _encode(call: Call) -> Row:
     code = dtype_code(call.dtype) if call.dtype is not None else 0
     if call.device == "cuda":
         code += CUDA_FLAG
     dims = list(call.shape)[:_DIMS] + [-1] * (_DIMS - min(len(call.shape), _DIMS))
-    return [MAGIC, int(call.kind), code, int(call.op), int(call.root), len(call.shape), *dims,
-            hash_text(call.agree), int(call.aux), int(call.held), int(call.held_digest)]
+    return Row(MAGIC, int(call.kind), code, int(call.op), int(call.root), len(call.shape), tuple(int(d) for d in dims),
+               hash_text(call.agree), int(call.aux), int(call.held), int(call.held_digest))
+
+
+def _parse(rows: list[list[int]]) -> list[Row]:
+    """Rows from the wire (what a checker received)."""
+    return [Row.parse(values) for values in rows]
 
 
 class GatherRows:
@@ -101,48 +157,45 @@ class GatherRows:
     One checker interface, two implementations: this one (cheap, in the engine) and
     ``store_check.StoreRows`` (debug: through the rendezvous store, with a timeout, so a
     rank that never arrives is named instead of waited for). A process set's ``checker``
-    says which; both return every member's row, in set-rank order.
+    says which; both take this rank's Row and return every member's, in set-rank order,
+    moving them as ``Row.wire()`` ints.
     """
 
-    def exchange(self, ps: ProcessSet, row: list[int]) -> list[list[int]]:
-        mine = torch.tensor(row, dtype=torch.int64)
+    def exchange(self, ps: ProcessSet, row: Row) -> list[Row]:
+        mine = torch.tensor(row.wire(), dtype=torch.int64)
         rows = torch.empty(ps.size() * WIDTH, dtype=torch.int64)
         all_gather_flat(rows, mine, group=ps.group_for(None))
-        return rows.view(ps.size(), WIDTH).tolist()
+        return _parse(rows.view(ps.size(), WIDTH).tolist())
 
-    def exchange_async(self, ps: ProcessSet, row: list[int]):
-        from .handles import Handle
-
-        mine = torch.tensor(row, dtype=torch.int64)
+    def exchange_async(self, ps: ProcessSet, row: Row) -> Handle:
+        mine = torch.tensor(row.wire(), dtype=torch.int64)
         rows = torch.empty(ps.size() * WIDTH, dtype=torch.int64)
         work = all_gather_flat(rows, mine, group=ps.group_for(None), async_op=True)
-        return Handle([work], lambda: rows.view(ps.size(), WIDTH).tolist(), what="metadata check")
+        return Handle([work], lambda: _parse(rows.view(ps.size(), WIDTH).tolist()), what="metadata check")
 
 
 GATHER = GatherRows()
 
 
-def exchange(ps: ProcessSet, call: Call) -> list[list[int]]:
+def exchange(ps: ProcessSet, call: Call) -> list[Row]:
     """Every member's descriptor, in set-rank order (through the set's checker)."""
     ps.check_rounds += 1
     return (ps.checker or GATHER).exchange(ps, _encode(call))
 
 
-def exchange_async(ps: ProcessSet, call: Call):
+def exchange_async(ps: ProcessSet, call: Call) -> Handle:
     """``exchange`` without waiting: a Handle whose result is the rows."""
     ps.check_rounds += 1
     checker = ps.checker or GATHER
     if hasattr(checker, "exchange_async"):
         return checker.exchange_async(ps, _encode(call))
-    from .handles import Handle
-
     return Handle.completed(checker.exchange(ps, _encode(call)), what="metadata check")
 
 
-def describe(row: list[int]) -> str:
-    if row[0] != MAGIC:
+def describe(row: Row) -> str:
+    if not row.ours:
         return "something that is not a ringtrain collective (a raw torch.distributed call?)"
-    kind = Kind(row[1])
+    kind = Kind(row.kind)
     if kind == Kind.JOIN:
         return "join()"
     if kind == Kind.BARRIER:
@@ -151,32 +204,30 @@ def describe(row: list[int]) -> str:
         return "synchronize() of a named op not yet submitted everywhere"
     if kind == Kind.SETTLED:
         return "starting named ops"
-    code = row[2]
-    device = "cuda " if code >= CUDA_FLAG else ""
-    dtype = CODE_DTYPE.get(code % CUDA_FLAG)
+    device = "cuda " if row.dtype >= CUDA_FLAG else ""
+    dtype = CODE_DTYPE.get(row.dtype % CUDA_FLAG)
     dtype_name = str(dtype).replace("torch.", "") if dtype is not None else "?"
-    ndim = row[5]
-    dims = [str(d) for d in row[6:6 + min(ndim, _DIMS)]] + (["..."] if ndim > _DIMS else [])
+    dims = [str(d) for d in row.dims[:min(row.ndim, _DIMS)]] + (["..."] if row.ndim > _DIMS else [])
     text = f"{kind.name.lower()}({device}{dtype_name}[{', '.join(dims)}]"
-    if row[3] == -9:
+    if row.invalid:
         return text + ", invalid arguments)"
-    if row[3] >= 0:
-        text += f", op={ReduceOp(row[3]).name.title()}"
-    if row[4] >= 0:
-        text += f", root_rank={row[4]}"
+    if row.op >= 0:
+        text += f", op={ReduceOp(row.op).name.title()}"
+    if row.root >= 0:
+        text += f", root_rank={row.root}"
     if kind == Kind.GRAD_SYNC:
-        text += f", {row[15]} bucket(s)"
+        text += f", {row.aux} bucket(s)"
     return text + ")"
 
 
-def mismatch(ps: ProcessSet, rows: list[list[int]]) -> RingtrainError:
+def mismatch(ps: ProcessSet, rows: list[Row]) -> RingtrainError:
     worded = getattr(ps.checker, "mismatch", None)
     if worded is not None:  # the debug checker knows each rank's call in its caller's words
         return worded(ps)
     return _mismatch(ps, rows)
 
 
-def _mismatch(ps: ProcessSet, rows: list[list[int]]) -> RingtrainError:
+def _mismatch(ps: ProcessSet, rows: list[Row]) -> RingtrainError:
     lines = "\n".join(f"    rank {ps.global_rank(i)}: {describe(row)}" for i, row in enumerate(rows))
     where = "all ranks" if ps.is_global else f"process set {ps.ranks}"
     return RingtrainError(

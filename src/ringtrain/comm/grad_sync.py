@@ -56,9 +56,36 @@ DEFAULT_FUSION_THRESHOLD = 64 * 1024 * 1024  # Horovod's HOROVOD_FUSION_THRESHOL
 # Horovod gets the same effect from its cycle time (HOROVOD_CYCLE_TIME): whatever is ready
 # every few milliseconds goes out, without waiting for a full fusion buffer.
 FIRST_BUCKET_BYTES = 1024 * 1024
-_LIVE: "weakref.WeakValueDictionary[int, GradientSync]" = weakref.WeakValueDictionary()
-# id(param) -> (param, its GradientSync), both weak: a parameter is reduced by one sync at a time.
+# id(param) -> (param, its GradientSync), both weak: a parameter is reduced by one sync at a time,
+# whichever process set that sync runs on, so this one map is per process, not per set.
 _OWNERS: dict[int, tuple[weakref.ref, weakref.ref]] = {}
+
+
+class Layouts:
+    """This rank's live gradient syncs on one process set, by layout hash (``ProcessSet.part``).
+
+    A rank that has joined learns only the hash of the layout the others verified (join.py);
+    it finds the wire spec of its own sync with that layout here. Weak: a sync that is gone
+    no longer counts.
+    """
+
+    def __init__(self) -> None:
+        self.live: "weakref.WeakValueDictionary[int, GradientSync]" = weakref.WeakValueDictionary()
+
+    def clear(self) -> None:
+        """Nothing to drop when the set is reset (``shutdown``): a sync that still lives keeps its
+        hooks and its layout across ``shutdown()`` and ``init()``, as before."""
+
+    def spec_of(self, layout_hash: int) -> list[tuple]:
+        """The wire spec of this rank's gradient layout with that hash (a joined rank mirrors it)."""
+        sync = self.live.get(layout_hash)
+        if sync is None:
+            raise RingtrainError(
+                "this rank has joined, and the other ranks are synchronising gradients of a DistributedOptimizer "
+                "that this rank does not have",
+                "create the same DistributedOptimizer (same model) on every rank before any rank joins.",
+            )
+        return sync.wire_spec()
 
 
 class _Bucket:
@@ -167,7 +194,7 @@ class GradientSync:
         # Ranks outside the process set keep their gradients (Horovod: no hooks, synchronize() does nothing).
         self.member = process_set.included()
         if process_set.size() > 1 and self.member:
-            _LIVE[self.layout_hash] = self
+            process_set.part(Layouts).live[self.layout_hash] = self
             self._claim()
             self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, id(p)))
                            for p in self.params]
@@ -237,7 +264,7 @@ class GradientSync:
                 # Blocking, so a rank with another model raises before any bucket is reduced
                 # (mismatched bucket sizes would hang the engine). Once per layout, not per step.
                 rows = validate.run(ps, self._layout_call(), True, allow_joined=True)
-                if ps.grad_layout is not None and any(row[1] == Kind.JOIN for row in rows):
+                if ps.grad_layout is not None and any(row.kind == Kind.JOIN for row in rows):
                     flush(ps.grad_layout[1], ps)  # joined ranks hold zero buckets of the old layout
                 ps.grad_layout = (self.layout_hash, self.wire_spec())
         recorder = ACTIVITY.recorder
@@ -340,16 +367,9 @@ def _positive(passes) -> None:
         raise RingtrainError(f"backward_passes_per_step={passes!r}", "use a positive integer (1 = no accumulation).")
 
 
-def spec_of(layout_hash: int) -> list[tuple]:
-    """The wire spec of this rank's gradient layout with that hash (a joined rank mirrors it)."""
-    sync = _LIVE.get(layout_hash)
-    if sync is None:
-        raise RingtrainError(
-            "this rank has joined, and the other ranks are synchronising gradients of a DistributedOptimizer "
-            "that this rank does not have",
-            "create the same DistributedOptimizer (same model) on every rank before any rank joins.",
-        )
-    return sync.wire_spec()
+def spec_of(ps: ProcessSet, layout_hash: int) -> list[tuple]:
+    """The wire spec of this rank's gradient layout on ``ps`` with that hash (a joined rank mirrors it)."""
+    return ps.part(Layouts).spec_of(layout_hash)
 
 
 def post_zeros(spec: list[tuple], ps: ProcessSet) -> list:

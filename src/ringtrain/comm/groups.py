@@ -52,11 +52,8 @@ class ProcessSet:
         self.check_rounds = 0
         self.checker = None
         self.grad_steps = 0  # gradient steps run on this set (join uses it too)
-        # Named ops (named.py): held until paired by name; names in flight; a settling round.
-        self.held: dict = {}
-        self.inflight: dict = {}
-        self.inflight_sweep = 256  # forget finished names once this many are recorded
-        self.settling = False
+        # State other modules keep per set (named.py's held ops), each owned by its module (``part``).
+        self._parts: dict[type, object] = {}
 
     # --- Horovod's ProcessSet API ------------------------------------------
     @property
@@ -105,6 +102,23 @@ class ProcessSet:
         if self._grad_cpu_group is not None and tensor.device.type == "cpu":
             return self._grad_cpu_group
         return self._grad_group
+
+    def part(self, kind: type):
+        """This set's ``kind`` object (``kind()`` on first use): state another module keeps per set.
+
+        The module that defines ``kind`` owns what is in it; the set only holds one per set and
+        calls its ``clear()`` when the set is removed or reset (``shutdown``), so this module
+        imports none of the modules that keep state here (no import circle).
+        """
+        found = self._parts.get(kind)
+        if found is None:
+            found = self._parts[kind] = kind()
+        return found
+
+    def clear_parts(self) -> None:
+        """Tell every module's per-set state that this set is gone (``remove``, ``shutdown``)."""
+        for part in self._parts.values():
+            part.clear()
 
     def require_member(self, what: str) -> None:
         if not self.included():
@@ -186,9 +200,7 @@ class ProcessSetTable:
             return False
         found.unbind()
         found.process_set_id = None
-        from .named import forget
-
-        forget(found)
+        found.clear_parts()
         return True
 
     def reset(self) -> None:
@@ -198,10 +210,8 @@ class ProcessSetTable:
                 ps.process_set_id = None
             ps.grad_layout = None
         GLOBAL.check_rounds = GLOBAL.grad_steps = 0  # its Gloo twin stays with the default group it was made for
-        from .named import forget
-
-        for ps in [GLOBAL, *self._sets.values()]:
-            forget(ps)
+        for ps in self._sets.values():  # GLOBAL included
+            ps.clear_parts()
         self._sets = {0: GLOBAL}
         self._next_id = 1
 

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import time
 
-import torch
 import torch.distributed as dist
 
 from ..errors import RingtrainError
 from . import checks, grad_sync, named, validate
-from .checks import Call, Kind
+from .checks import Call, Kind, Row
 from .groups import ProcessSet
-from .ops import CODE_DTYPE, ReduceOp, wire
+from .joined import serve
 
 
 
@@ -62,14 +61,14 @@ def join(*, process_set: ProcessSet, check: bool = True, device=None) -> int:
     mirror = _Mirror(process_set)
     while True:
         rows = _round(process_set, Call(Kind.JOIN, aux=joined_at), mirror)
-        if all(row[0] == checks.MAGIC and row[1] == Kind.JOIN for row in rows):
+        if all(row.joined for row in rows):
             mirror.drain()
-            last = max(range(len(rows)), key=lambda i: (rows[i][15], i))
+            last = max(range(len(rows)), key=lambda i: (rows[i].aux, i))  # aux: when each joined
             return process_set.global_rank(last)
         serve(rows, process_set, device, mirror)
 
 
-def _round(ps: ProcessSet, call: Call, mirror: "_Mirror") -> list[list[int]]:
+def _round(ps: ProcessSet, call: Call, mirror: "_Mirror") -> list[Row]:
     """One check round, while serving the gradient steps the others run meanwhile (they send no check)."""
     named.describe_held(ps, call)
     pending = checks.exchange_async(ps, call)
@@ -120,7 +119,7 @@ class _Mirror:
         """The others verified another layout (after completing our posted zeros with a flush)."""
         while self.posted is not None and self._real_step():
             self.posted = grad_sync.post_zeros(self.ps.grad_layout[1], self.ps)
-        spec = grad_sync.spec_of(layout_hash)
+        spec = grad_sync.spec_of(self.ps, layout_hash)
         self.ps.grad_layout = (layout_hash, spec)
         self.posted = grad_sync.post_zeros(spec, self.ps)
 
@@ -129,36 +128,3 @@ class _Mirror:
         while self.posted is not None and self._real_step():  # a last step not yet seen
             self.posted = grad_sync.post_zeros(self.ps.grad_layout[1], self.ps)
         self.posted = None
-
-
-def serve(rows: list[list[int]], ps: ProcessSet, device=None, mirror: _Mirror | None = None) -> None:
-    """A joined rank's part in what the active ranks run now (described by ``rows``).
-
-    Allreduces get zeros, a newly verified gradient layout gets zero buckets posted;
-    anything else is the active ranks' error to raise — invalid arguments, mismatched
-    calls, or an op joined ranks cannot take part in — and this rank, as in Horovod,
-    just keeps waiting for the next round.
-    """
-    active = [row for row in rows if row[0] != checks.MAGIC or row[1] != Kind.JOIN]
-    reference = active[0]
-    if any(row[0] != checks.MAGIC or row[3] == validate.INVALID_OP for row in active) or any(
-            row[f] != reference[f] for row in active for f in checks.COMPARED):
-        return
-    kind = reference[1]
-    if kind == Kind.ALLREDUCE:
-        _zeros_allreduce(reference, ps, device)
-    elif kind == Kind.GRAD_SYNC and mirror is not None:
-        mirror.switch(reference[14])
-
-
-def _zeros_allreduce(row: list[int], ps: ProcessSet, device) -> None:
-    code, numel = row[2], row[15]
-    dtype = CODE_DTYPE[code % checks.CUDA_FLAG]
-    if code >= checks.CUDA_FLAG:
-        where = device or torch.device("cuda", torch.cuda.current_device())
-    else:
-        where = torch.device("cpu")
-    wire_dtype, engine_op = wire(dtype, ReduceOp(row[3]))
-    if numel:
-        zeros = torch.zeros(numel, dtype=wire_dtype, device=where)
-        dist.all_reduce(zeros, op=engine_op, group=ps.group_for(zeros))

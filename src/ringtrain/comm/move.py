@@ -29,7 +29,7 @@ def _from_bytes(rows: torch.Tensor, dtype: torch.dtype, shape: tuple) -> torch.T
 def _counts(tensor: torch.Tensor, ps: ProcessSet, rows) -> list[int]:
     """Every member's first dimension: from the check's rows, or one small all_gather."""
     if rows is not None:
-        return [row[15] for row in rows]
+        return [row.aux for row in rows]  # the check carried each member's first dimension
     mine = torch.tensor([tensor.shape[0]], dtype=torch.int64)
     everyone = torch.empty(ps.size(), dtype=torch.int64)
     all_gather_flat(everyone, mine, group=ps.group_for(None))

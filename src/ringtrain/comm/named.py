@@ -30,15 +30,44 @@ import torch
 
 from ..errors import RingtrainError
 from . import checks
-from .checks import Call, Kind, hash_text
+from .checks import Call, Kind, Row, hash_text
 from .groups import ProcessSet
-from .handles import Handle
-from .ops import all_gather_flat
 from .checks import InvalidArgument
+from .handles import Handle
+from .joined import serve
+from .ops import all_gather_flat
 
 
 class DuplicateName(InvalidArgument):
     """A name reused while an op of that name is in flight (Horovod raises ValueError)."""
+
+
+class NamedOps:
+    """This rank's named ops on one process set: held until paired by name, and names in flight.
+
+    Owned here and kept by the set (``ProcessSet.part``), which calls ``clear()`` when it is
+    removed or Horovod shuts down.
+    """
+
+    def __init__(self) -> None:
+        self.held: dict[str, Held] = {}  # not started yet, by name
+        self.inflight: dict[str, Handle] = {}  # every named op not known to be done, by name
+        self.inflight_sweep = 256  # forget finished names once this many are recorded
+        self.settling = False  # inside a round that starts held ops (no held ops described meanwhile)
+
+    def clear(self) -> None:
+        """Drop held ops and names (``shutdown``, a removed set); waiting on a dropped op raises."""
+        for held in self.held.values():
+            held.error = RingtrainError(f"{held.what} {held.name!r} was never started: Horovod was shut down first",
+                                        "synchronize() named ops before hvd.shutdown().")
+            held.launch = None
+        self.held.clear()
+        self.inflight.clear()
+
+
+def ops_of(ps: ProcessSet) -> NamedOps:
+    """The named ops of ``ps`` on this rank."""
+    return ps.part(NamedOps)
 
 
 class Held(Handle):
@@ -84,23 +113,24 @@ class Held(Handle):
 
 def submit(process_set: ProcessSet, name: str | None, launch, *, check: bool, what: str) -> Handle:
     """Start ``launch()`` now, or hold it to be paired by ``name`` (named, checked, several ranks)."""
+    ops = ops_of(process_set)
     if name is not None:
-        previous = process_set.inflight.get(name)
+        previous = ops.inflight.get(name)
         if previous is not None and not _done(previous):
             raise DuplicateName(
                 f"{what} was called with name {name!r} while an op of that name is still in flight on this rank",
                 "give concurrent ops distinct names, or synchronize() the first one before reusing its name.",
             )
-    if name is not None and len(process_set.inflight) >= process_set.inflight_sweep:
-        _sweep(process_set)
+    if name is not None and len(ops.inflight) >= ops.inflight_sweep:
+        _sweep(ops)
     if name is not None and check and process_set.size() > 1 and process_set.included():
         held = Held(name, launch, process_set, what)
-        process_set.held[name] = held
-        process_set.inflight[name] = held
+        ops.held[name] = held
+        ops.inflight[name] = held
         return held
     handle = launch()
     if name is not None:
-        process_set.inflight[name] = handle
+        ops.inflight[name] = handle
     return handle
 
 
@@ -111,25 +141,15 @@ def _done(handle: Handle) -> bool:
         return True
 
 
-def _sweep(ps: ProcessSet) -> None:
+def _sweep(ops: NamedOps) -> None:
     """Forget names whose ops are done (scripts often name ops per step: ``f"loss.{step}"``)."""
-    for name in [name for name, handle in ps.inflight.items() if _done(handle)]:
-        del ps.inflight[name]
-    ps.inflight_sweep = max(256, 2 * len(ps.inflight))
-
-
-def forget(process_set: ProcessSet) -> None:
-    """Drop held ops and names (``shutdown``); waiting on a dropped op raises."""
-    for held in process_set.held.values():
-        held.error = RingtrainError(f"{held.what} {held.name!r} was never started: Horovod was shut down first",
-                                    "synchronize() named ops before hvd.shutdown().")
-        held.launch = None
-    process_set.held.clear()
-    process_set.inflight.clear()
+    for name in [name for name, handle in ops.inflight.items() if _done(handle)]:
+        del ops.inflight[name]
+    ops.inflight_sweep = max(256, 2 * len(ops.inflight))
 
 
 # --- the rounds -------------------------------------------------------------------------
-def exchange(ps: ProcessSet, call: Call) -> tuple[list[list[int]], bool]:
+def exchange(ps: ProcessSet, call: Call) -> tuple[list[Row], bool]:
     """One check round: every member's descriptor, then held ops started where possible.
 
     Returns the rows and whether held ops were started in this round.
@@ -141,22 +161,24 @@ def exchange(ps: ProcessSet, call: Call) -> tuple[list[list[int]], bool]:
 
 def describe_held(ps: ProcessSet, call: Call) -> None:
     """Put how many named ops this rank holds, and their names' digest, into ``call``."""
-    if not ps.settling and ps.held:
-        call.held = len(ps.held)
-        call.held_digest = hash_text("\n".join(sorted(ps.held)))
+    ops = ops_of(ps)
+    if not ops.settling and ops.held:
+        call.held = len(ops.held)
+        call.held_digest = hash_text("\n".join(sorted(ops.held)))
 
 
-def settle(ps: ProcessSet, rows: list[list[int]]) -> bool:
+def settle(ps: ProcessSet, rows: list[Row]) -> bool:
     """Start the held ops that every active member holds (same decision on every rank)."""
-    if ps.settling:
+    ops = ops_of(ps)
+    if ops.settling:
         return False
-    joined = [i for i, row in enumerate(rows) if row[0] == checks.MAGIC and row[1] == Kind.JOIN]
+    joined = [i for i, row in enumerate(rows) if row.joined]
     active = [i for i in range(len(rows)) if i not in joined]
-    if not active or any(rows[i][0] != checks.MAGIC or rows[i][checks.HELD] <= 0 for i in active):
+    if not active or any(not rows[i].ours or rows[i].held <= 0 for i in active):
         return False
     me = ps.rank()
-    mine = sorted(ps.held) if me in active else []
-    if not joined and len({rows[i][checks.HELD_DIGEST] for i in active}) == 1:
+    mine = sorted(ops.held) if me in active else []
+    if not joined and len({rows[i].held_digest for i in active}) == 1:
         names = mine
     else:
         lists = _gather_names(ps, mine)
@@ -164,27 +186,25 @@ def settle(ps: ProcessSet, rows: list[list[int]]) -> bool:
         names = sorted(common)
     if not names:
         return False
-    ps.settling = True
+    ops.settling = True
     try:
         if me in joined:
             _serve_until_settled(ps)
         else:
             for name in names:
-                ps.held.pop(name).start()
+                ops.held.pop(name).start()
             if joined:  # tell the joined ranks that serving is over
                 checks.exchange(ps, Call(Kind.SETTLED))
     finally:
-        ps.settling = False
+        ops.settling = False
     return True
 
 
 def _serve_until_settled(ps: ProcessSet) -> None:
-    from .join import serve
-
     while True:
         rows = checks.exchange(ps, Call(Kind.JOIN))
-        active = [row for row in rows if row[0] != checks.MAGIC or row[1] != Kind.JOIN]
-        if active and all(row[0] == checks.MAGIC and row[1] == Kind.SETTLED for row in active):
+        active = [row for row in rows if not row.joined]
+        if active and all(row.ours and row.kind == Kind.SETTLED for row in active):
             return
         serve(rows, ps)
 
@@ -192,7 +212,7 @@ def _serve_until_settled(ps: ProcessSet) -> None:
 PASSIVE = (Kind.WAIT, Kind.BARRIER)
 
 
-def wait_rounds(ps: ProcessSet, call: Call, done) -> list[list[int]]:
+def wait_rounds(ps: ProcessSet, call: Call, done) -> list[Row]:
     """Check rounds for a call that waits for the others (a barrier, a held op's synchronize).
 
     Returns the rows of the round where ``done(rows)`` holds. Meanwhile, as in Horovod, this
@@ -207,13 +227,13 @@ def wait_rounds(ps: ProcessSet, call: Call, done) -> list[list[int]]:
             return rows
         if started:
             continue
-        active = [row for row in rows if row[0] != checks.MAGIC or row[1] != Kind.JOIN]
-        if any(row[0] != checks.MAGIC for row in active):
+        active = [row for row in rows if not row.joined]
+        if any(not row.ours for row in active):
             raise checks.mismatch(ps, rows)
-        if all(row[1] in PASSIVE for row in active):
+        if all(row.kind in PASSIVE for row in active):
             raise RingtrainError(
                 "every rank waits for the others (in barrier() or in synchronize() of a named op that not every "
-                f"rank has submitted); held on this rank: {sorted(ps.held)}\n" + checks.mismatch(ps, rows).message,
+                f"rank has submitted); held on this rank: {sorted(ops_of(ps).held)}\n" + checks.mismatch(ps, rows).message,
                 "submit the same named ops on every rank before synchronizing any of them, and do not synchronize "
                 "one across a barrier() that the others are in (Horovod would hang).",
             )
@@ -222,7 +242,7 @@ def wait_rounds(ps: ProcessSet, call: Call, done) -> list[list[int]]:
 def wait_for(held: Held) -> None:
     """Run check rounds until ``held`` has started."""
     ps = held.process_set
-    if held.name not in ps.held:
+    if held.name not in ops_of(ps).held:
         raise RingtrainError(f"{held.what} {held.name!r} is no longer held (Horovod was shut down)",
                              "synchronize() named ops before hvd.shutdown().")
     wait_rounds(ps, Call(Kind.WAIT, name=held.name), lambda rows: held.started)
@@ -231,7 +251,7 @@ def wait_for(held: Held) -> None:
 def barrier(ps: ProcessSet) -> None:
     """Return once every active member is in this barrier (joined members count as arrived)."""
     def everyone_here(rows) -> bool:
-        return all(row[0] == checks.MAGIC and row[1] in (Kind.BARRIER, Kind.JOIN) for row in rows)
+        return all(row.ours and row.kind in (Kind.BARRIER, Kind.JOIN) for row in rows)
 
     wait_rounds(ps, Call(Kind.BARRIER), everyone_here)
 

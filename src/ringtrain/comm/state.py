@@ -21,10 +21,12 @@ import pickle
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ..errors import RingtrainError
 from . import move
 from .groups import ProcessSet
+from .optimizer import local_step
 
 try:  # Horovod pickles with cloudpickle (lambdas, local classes); plain pickle otherwise.
     import cloudpickle as _pickler
@@ -73,8 +75,6 @@ def allgather_object(obj: Any, *, process_set: ProcessSet, check: bool = True, n
 
 
 def _me() -> int:
-    import torch.distributed as dist
-
     return dist.get_rank() if dist.is_initialized() else 0
 
 
@@ -173,8 +173,6 @@ def initialize_state(optimizer: torch.optim.Optimizer, model=None) -> None:
     Sparse gradients where Horovod makes them: for SparseAdam, and for SGD on the parameters of
     ``nn.Embedding(sparse=True)`` modules of ``model``.
     """
-    from .optimizer import local_step
-
     if optimizer.state_dict()["state"]:
         return
     sparse = set()

@@ -46,12 +46,12 @@ class StoreRows:
         finally:
             self._text = None
 
-    def exchange(self, ps: ProcessSet, row: list[int]) -> list[list[int]]:
+    def exchange(self, ps: ProcessSet, row: checks.Row) -> list[checks.Row]:
         self.round += 1
         n, me, size = self.round, ps.rank(), ps.size()
         keys = [f"{self.prefix}/{n}/{r}" for r in range(size)]
         text = self._text or checks.describe(row)
-        self.store.set(keys[me], json.dumps({"row": row, "call": text}))
+        self.store.set(keys[me], json.dumps({"row": row.wire(), "call": text}))
         try:
             self.store.wait(keys, datetime.timedelta(seconds=self.timeout))
         except (RuntimeError, TimeoutError) as e:  # DistStoreError is a RuntimeError
@@ -67,7 +67,7 @@ class StoreRows:
         if n > 2:  # every member has posted round n, so all have finished reading round n-2
             with contextlib.suppress(RuntimeError):
                 self.store.delete_key(f"{self.prefix}/{n - 2}/{me}")
-        return [p["row"] for p in posted]
+        return [checks.Row.parse(p["row"]) for p in posted]
 
     def mismatch(self, ps: ProcessSet) -> RingtrainError:
         """The error for a round whose rows differ (validate.py decides that), in the callers' words."""

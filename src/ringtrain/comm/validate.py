@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from ..errors import RingtrainError
 from . import checks, named
+from .checks import INVALID_OP, Row
 from .checks import InvalidArgument  # noqa: F401  (re-exported: raised for invalid arguments)
 from .groups import ProcessSet
-
-INVALID_OP = -9
 
 
 def root_problem(root, ps: ProcessSet, what: str, name: str = "dst") -> RingtrainError | None:
@@ -25,7 +24,7 @@ def root_problem(root, ps: ProcessSet, what: str, name: str = "dst") -> Ringtrai
 
 
 def run(ps: ProcessSet, call: checks.Call, enabled: bool, problem: RingtrainError | None = None,
-        allow_joined: bool = False) -> list[list[int]] | None:
+        allow_joined: bool = False) -> list[Row] | None:
     """Check ``call`` across ``ps`` when ``enabled``; return the gathered rows (None when unchecked)."""
     if not enabled or ps.size() == 1:
         if problem is not None:
@@ -39,7 +38,7 @@ def run(ps: ProcessSet, call: checks.Call, enabled: bool, problem: RingtrainErro
         # and call what we called; ask again rather than report a mismatch.
         if not (started and _disagree(rows, ps.rank())):
             break
-    bad = [i for i, row in enumerate(rows) if row[0] == checks.MAGIC and row[3] == INVALID_OP]
+    bad = [i for i, row in enumerate(rows) if row.invalid]
     if problem is not None:
         raise problem
     if bad:
@@ -52,26 +51,23 @@ def run(ps: ProcessSet, call: checks.Call, enabled: bool, problem: RingtrainErro
     return rows
 
 
-def _disagree(rows: list[list[int]], me: int) -> bool:
-    mine = rows[me]
-    return any(row[f] != mine[f] for row in rows if row[0] != checks.MAGIC or row[1] != checks.Kind.JOIN
-               for f in checks.COMPARED)
+def _disagree(rows: list[Row], me: int) -> bool:
+    mine = rows[me].compared()
+    return any(row.compared() != mine for row in rows if not row.joined)
 
 
-def compare(ps: ProcessSet, rows: list[list[int]], allow_joined: bool) -> None:
+def compare(ps: ProcessSet, rows: list[Row], allow_joined: bool) -> None:
     """Raise unless every active member's descriptor agrees (and joined ranks are allowed)."""
-    active = [row for row in rows if row[0] == checks.MAGIC and row[1] != checks.Kind.JOIN]
-    joined = [i for i, row in enumerate(rows) if row[0] == checks.MAGIC and row[1] == checks.Kind.JOIN]
+    active = [row for row in rows if row.ours and not row.joined]
+    joined = [i for i, row in enumerate(rows) if row.joined]
     reference = active[0]
-    if any(row[0] != checks.MAGIC for row in rows) or any(
-        row[f] != reference[f] for row in active for f in checks.COMPARED
-    ):
+    if any(not row.ours for row in rows) or any(row.compared() != reference.compared() for row in active):
         raise checks.mismatch(ps, rows)
     if joined and not allow_joined:
         raise joined_error(ps, reference, joined)
 
 
-def joined_error(ps: ProcessSet, reference: list[int], joined: list[int]) -> RingtrainError:
+def joined_error(ps: ProcessSet, reference: Row, joined: list[int]) -> RingtrainError:
     return RingtrainError(
         f"{checks.describe(reference)} was called while rank(s) {[ps.global_rank(i) for i in joined]} "
         "had already called join(); joined ranks only take part in allreduce and barrier",

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .. import comm
-from ..comm import GLOBAL, Compression, DEFAULT_FUSION_THRESHOLD
+from ..comm import Compression, DEFAULT_FUSION_THRESHOLD
 from ..comm.store_check import StoreRows
 from ..errors import RingtrainError
 from .base import Distributed
@@ -60,6 +60,11 @@ class Horovod(Distributed):
         self.fusion_threshold = fusion_threshold
         self.check = check
         self.backward_passes_per_step = 1
+        # Every rank, as a process set of this strategy's own: its check rounds, checker and verified
+        # gradient layout are this strategy's, not ``ringtrain.horovod``'s global set's (a script
+        # may use both), and nothing here changes what the other uses (DESIGN: each strategy owns
+        # its process set). ``bind`` makes its engine groups once the process group exists.
+        self.process_set = comm.ProcessSet(None)
 
     def __repr__(self) -> str:
         name = next((k for k, v in COMPRESSIONS.items() if v is self.compression), self.compression.__name__)
@@ -76,18 +81,18 @@ class Horovod(Distributed):
 
     def setup_environment(self) -> None:
         super().setup_environment()
-        GLOBAL.bind()  # under NCCL, a Gloo twin for CPU tensors
+        self.process_set.bind()  # its gradient group, and under NCCL a Gloo twin for CPU tensors
 
     def enable_collective_checks(self, timeout: float) -> None:
         """Ring(debug_collectives=...): the ring's collectives and every gradient synchronisation are
         checked across ranks first, through the store (a rank that never arrives is named)."""
         super().enable_collective_checks(timeout)
-        GLOBAL.checker = StoreRows(self.group.check_store(), timeout, prefix="hvd-check")
+        self.process_set.checker = StoreRows(self.group.check_store(), timeout, prefix="hvd-check")
         self.check = True
 
     def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
         """The module itself, with rank 0's parameters and buffers on every rank (DDP's options do not apply)."""
-        comm.broadcast_parameters(module.state_dict(), 0, process_set=GLOBAL, check=self.check)
+        comm.broadcast_parameters(module.state_dict(), 0, process_set=self.process_set, check=self.check)
         return module
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module, backward_passes_per_step: int = 1,
@@ -95,10 +100,10 @@ class Horovod(Distributed):
         """A DistributedOptimizer over ``model``'s parameters, starting from rank 0's optimizer state."""
         wrapped = comm.distributed_optimizer(
             optimizer, list(model.named_parameters()), compression=compression_of(compression),
-            backward_passes_per_step=backward_passes_per_step, op=op, process_set=GLOBAL,
+            backward_passes_per_step=backward_passes_per_step, op=op, process_set=self.process_set,
             fusion_threshold=self.fusion_threshold, check=self.check,
         )
-        comm.broadcast_optimizer_state(wrapped, 0, process_set=GLOBAL, check=self.check)
+        comm.broadcast_optimizer_state(wrapped, 0, process_set=self.process_set, check=self.check)
         return wrapped
 
     # --- the Strategy contract: the Ring's optimizer is a DistributedOptimizer ------------
