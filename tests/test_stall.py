@@ -140,7 +140,8 @@ def test_the_slowest_rank_is_named_with_where_its_time_goes():
     # ring.stats() and the launcher's end-of-job table say the same
     stats = eval(text.split("JOB stats ", 1)[1].splitlines()[0])  # noqa: S307 - our own job's repr of a dict
     assert stats[1]["data_pct"] > 50 and stats[0]["wait_pct"] > 50
-    assert "ringtrain: per-rank step times" in text and re.search(r"^\s+1\s+\d+\s+[\d.]+\s+9\d\.\d", text, re.M)
+    # rank 1's row: steps, ms/step, then its data % — most of its step (89.7 % seen under CI load)
+    assert "ringtrain: per-rank step times" in text and re.search(r"^\s+1\s+\d+\s+[\d.]+\s+[5-9]\d\.\d", text, re.M)
 
 
 def test_a_plain_torch_script_that_stalls_under_ringtrain_run_is_named():
