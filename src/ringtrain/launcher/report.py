@@ -246,13 +246,18 @@ def format_child_failure(error: Any, node_rank: int, board: Any = None) -> str:
 
 
 def remove_native_dumps() -> None:
-    """The end of a job: this launcher's workers' crash-dump files go (empty unless a worker crashed)."""
+    """The end of a job: this launcher's workers' crash-dump files go (empty unless a worker crashed), and
+    those of launchers that no longer exist (killed before their own end could remove them)."""
     import glob
+    import re
 
+    from ..failures import process_exists
     from .worker import native_dump_path
 
-    for path in glob.glob(native_dump_path(os.getpid(), "*")):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    for path in glob.glob(native_dump_path("*", "*")):  # type: ignore[arg-type]
+        found = re.match(r"ringtrain-native-(\d+)-", os.path.basename(path))
+        if found and (int(found[1]) == os.getpid() or not process_exists(int(found[1]))):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
