@@ -22,6 +22,8 @@ first that returns a verdict ends the process:
 
 from __future__ import annotations
 
+import abc
+
 import contextlib
 import os
 import socket
@@ -73,11 +75,12 @@ def vanished_blame(rank: int) -> Blame:
     return Blame(rank, "failed", "its process ended without a word (killed by a signal?)")
 
 
-class Check:
+class Check(abc.ABC):
     """One thing the watchdog looks at; ``look`` returns a verdict when this rank must stop."""
 
+    @abc.abstractmethod
     def look(self, dog: "Watchdog") -> Verdict | None:
-        raise NotImplementedError
+        """Look once (every poll); None: nothing that ends this rank."""
 
 
 class PeerPosts(Check):

@@ -107,7 +107,8 @@ class FSDP(Distributed, BackwardSyncControl):
         return self.shard(module, precision, self.data_mesh, self.device)
 
     def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
-        raise NotImplementedError  # setup_module shards in place: nothing is wrapped
+        """``module`` sharded in place with fp32 parameters (``setup_module`` passes the ring's precision)."""
+        return self.shard(module, None, self.data_mesh, self.device)
 
     def shard(self, module: nn.Module, precision: Any, mesh: Any, device: torch.device,
               broadcast: Any = None, init: bool = True) -> nn.Module:
