@@ -90,3 +90,20 @@ def per_rank_path(options: list[ast.AST | None]) -> bool:
         if isinstance(origin, ast.Call) and callee_name(origin) in ("BytesIO", "StringIO"):
             return True
     return False
+
+
+# Calls that seed torch's generator (Lightning's seed_everything and transformers' set_seed seed
+# Python's, NumPy's and torch's); SEEDERS adds random.seed and np.random.seed.
+TORCH_SEEDERS = ("manual_seed", "seed_everything", "set_seed")
+SEEDERS = (*TORCH_SEEDERS, "seed")
+
+
+def seeded_alike(script, seeders: tuple[str, ...] = SEEDERS) -> bool:
+    """``torch.manual_seed(args.seed)`` with no rank in it, anywhere in the file: every rank
+    draws the same numbers (the same initial weights, the same split). ``manual_seed(seed + rank)``
+    does not count: it makes the ranks differ on purpose."""
+    for call in script.calls:
+        if callee_name(call) in seeders and call.args:
+            if not any(RANKISH.search(n.lower()) for a in call.args for n in identifiers(a)):
+                return True
+    return False

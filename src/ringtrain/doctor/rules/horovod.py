@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..nodes import callee_name, identifiers, keyword
-from ..ranks import RANKISH
+from ..nodes import callee_name, dotted, keyword
+from ..ranks import TORCH_SEEDERS, seeded_alike
 from ..script import Script
 
 
@@ -15,20 +15,37 @@ BROADCASTS_WEIGHTS = {"broadcast_parameters", "broadcast_variables", "broadcast_
                       "broadcast_module"}
 
 
-def _seeded_alike(script: Script) -> bool:
-    """``torch.manual_seed(args.seed)`` with no rank in it: every rank builds the same weights."""
-    for call in script.calls:
-        if callee_name(call) in ("manual_seed", "seed_everything", "set_seed") and call.args:
-            if not any(RANKISH.search(n.lower()) for a in call.args for n in identifiers(a)):
-                return True
-    return False
+def _elastic_state(script: Script, expr: ast.AST) -> bool:
+    """Is ``expr`` (possibly) an elastic state: ``hvd.elastic.TorchState(...)``, or a name the file does
+    not show the value of and calls a state (``def train(state): ... state.sync()``)?"""
+    origins = script.origins(expr)
+    if any(isinstance(o, ast.Call) and (script.names.path(o.func) or "").startswith("horovod.torch.elastic.")
+           for o in origins):
+        return True
+    return all(o is None or o is expr for o in origins) and "state" in (dotted(expr) or "").lower()
+
+
+def _syncs_elastic_state(script: Script) -> bool:
+    """Horovod's elastic mode broadcasts rank 0's state: ``@hvd.elastic.run`` calls ``state.sync()``
+    (which broadcasts the model's parameters and the optimizer's state) before the function and
+    after every reset; a script may also call ``state.sync()`` itself."""
+    for node in script.nodes:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for decorator in node.decorator_list:
+                target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                if script.names.path(target) == "horovod.torch.elastic.run":
+                    return True
+    return any(callee_name(c) == "sync" and isinstance(c.func, ast.Attribute) and _elastic_state(script, c.func.value)
+               for c in script.calls)
 
 
 def hvd_broadcast(script: Script) -> Iterator[tuple]:
     wraps = script.concept_calls.get("hvd.DistributedOptimizer", [])
     if not wraps:
         return
-    if any(callee_name(c) in BROADCASTS_WEIGHTS for c in script.calls) or _seeded_alike(script):
+    if any(callee_name(c) in BROADCASTS_WEIGHTS for c in script.calls) or seeded_alike(script, TORCH_SEEDERS):
+        return
+    if _syncs_elastic_state(script):
         return
     yield (wraps[0],
            "hvd.DistributedOptimizer without hvd.broadcast_parameters: each process starts from its own random "

@@ -92,8 +92,19 @@ def set_device(script: Script) -> Iterator[tuple]:
                "local_rank)); rt.Ring() pins each process to its GPU")
 
 
+def _to_device_index(script: Script) -> bool:
+    """``x.to(local_rank)``, ``model.cuda(gpu)``: an integer device is a CUDA device."""
+    for call in script.calls:
+        if callee_name(call) in ("to", "cuda") and isinstance(call.func, ast.Attribute) and call.args:
+            target = call.args[0]
+            name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+            if "rank" in name.lower() or "gpu" in name.lower():
+                return True
+    return False
+
+
 def nccl_without_cuda(script: Script) -> Iterator[tuple]:
-    if script.uses_cuda():
+    if script.uses_cuda() or _to_device_index(script):
         return
     communicates = script.has_concept("DDP") or any(c.startswith("collective.") and calls
                                                    for c, calls in script.concept_calls.items())

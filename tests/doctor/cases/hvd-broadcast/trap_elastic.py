@@ -1,0 +1,21 @@
+"""Elastic state built, but the training function is called plainly (no @hvd.elastic.run, no
+state.sync()): nothing ever broadcasts rank 0's weights."""
+import horovod.torch as hvd
+import torch
+
+hvd.init()
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())  # expect: hvd-broadcast
+
+
+def train(state):
+    for state.batch in range(state.batch, 10):
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).sum().backward()
+        optimizer.step()
+        state.commit()
+
+
+state = hvd.elastic.TorchState(model, optimizer, batch=0)
+train(state)
