@@ -54,6 +54,8 @@ _OPTIMIZER_THEN_SHARD = _OPTIMIZER + _SHARDING + _REST
         ("torchrun_trainer.py", "if self.gpu_id == 0 and epoch", "if epoch", "save-every-rank"),
         ("spawn_imagenet_style.py", "shuffle=False, drop_last=True", "shuffle=False", "eval-sampler-padding"),
         ("spawn_imagenet_style.py", "shuffle=(train_sampler is None)", "shuffle=True", "shuffle-with-sampler"),
+        ("spawn_imagenet_style.py", "    elif args.distributed:\n        model.cuda()\n",
+         "    elif args.distributed and torch.cuda.is_available():\n        model.cuda()\n", "model-not-wrapped"),
         ("horovod_exact_eval.py", "hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n", "", "hvd-broadcast"),
         ("horovod_exact_eval.py", "torch.cuda.set_device(hvd.local_rank())\n", "", "set-device"),
         ("horovod_exact_eval.py", "lr=args.lr * hvd.size()", "lr=args.lr", "hvd-lr-scale"),

@@ -79,8 +79,9 @@ Each finding is reported at the line to change; ``--list-rules`` prints this lis
                                        in a script that never reduces anything across ranks
     batch-size-float          error    at DataLoader(batch_size=batch_size / nprocs): a float, ValueError
     sampler-dataset-mismatch  error    at DataLoader(train_set, sampler=DistributedSampler(test_set))
-    hvd-broadcast             warning  at hvd.DistributedOptimizer with no hvd.broadcast_parameters and no
-                                       common seed: every rank starts from its own weights
+    hvd-broadcast             warning  at hvd.DistributedOptimizer with no hvd.broadcast_parameters, no
+                                       common seed and no elastic sync (@hvd.elastic.run, state.sync()):
+                                       every rank starts from its own weights
     hvd-lr-scale              note     at the optimizer: the Horovod learning rate is never multiplied by
                                        hvd.size() (and the global batch is not kept fixed either)
     dataparallel-batch        note     at nn.DataParallel: its batch_size is global; DDP's is per process
@@ -95,6 +96,16 @@ Each finding is reported at the line to change; ``--list-rules`` prints this lis
                                        overwrites the file with its own piece (save-every-rank then stays quiet)
     fsdp1-api                 note     at the first FullyShardedDataParallel (or FSDP1 config): torch's docs
                                        recommend FSDP2's fully_shard and give a migration guide
+    unseeded-split            warning  at random_split (or a torch.randperm / np.random.permutation /
+                                       random.shuffle whose indices go to Subset or are sliced by rank)
+                                       with no generator or seed shared by the ranks: each rank splits
+                                       the data differently
+    model-not-wrapped         warning  at an `if` on the device (`if use_cuda:`, `device.type == "cuda"`)
+                                       whose other side wraps in DDP/FSDP/hvd.DistributedOptimizer: on
+                                       this side the group forms and a DistributedSampler shards, but
+                                       each rank trains its own model
+    ranks-share-device        warning  at `(rank * k + i) % world_size` used as a device (k >= 2): k devices
+                                       per rank folded onto world_size GPUs, so two ranks share one
 
 What it cannot see
 ------------------

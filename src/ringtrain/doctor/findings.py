@@ -85,4 +85,10 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "every rank torch.saves its own shard of a sharded state dict to one path"),
     Rule("fsdp1-api", "note",
          "FSDP1 (FullyShardedDataParallel) where FSDP2's fully_shard serves"),
+    Rule("unseeded-split", "warning",
+         "random_split/randperm choose each rank's samples without a seed shared by the ranks"),
+    Rule("model-not-wrapped", "warning",
+         "a path (the CPU one, say) forms the group and shards the data but never wraps the model"),
+    Rule("ranks-share-device", "warning",
+         "a device map, (rank * k + i) % world_size, that puts two ranks on one GPU"),
 )}

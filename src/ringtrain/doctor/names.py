@@ -82,6 +82,14 @@ CONCEPTS: dict[str, tuple[str, ...]] = {
     "hvd.DistributedOptimizer": ("horovod.torch.DistributedOptimizer",),
     "hvd.size": ("horovod.torch.size", "horovod.torch.local_size"),
     "hvd.init": ("horovod.torch.init",),
+    # Random draws that decide which samples a dataset holds: the same on every rank only when
+    # their generator is seeded alike.
+    "random_split": ("torch.utils.data.random_split", "torch.utils.data.dataset.random_split"),
+    "randperm": ("torch.randperm",),
+    "np.permutation": ("numpy.random.permutation", "numpy.random.shuffle", "numpy.random.choice"),
+    "random.shuffle": ("random.shuffle", "random.sample"),
+    "Subset": ("torch.utils.data.Subset", "torch.utils.data.dataset.Subset",
+               "torch.utils.data.SubsetRandomSampler", "torch.utils.data.sampler.SubsetRandomSampler"),
 }
 
 # torch.distributed collectives every rank of the group must call (send/recv and barrier

@@ -2,7 +2,7 @@
 
 The node decides the reported line (and the lines a ``# ringtrain: ignore[rule]`` comment
 may sit on). Grouped by what they look at: data loading, checkpoints, the model wrap,
-the process group, metrics, Horovod, sharded training (FSDP).
+the process group, metrics, Horovod, sharded training (FSDP), random splits, devices.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from ..script import Script
-from . import checkpoints, data, horovod, metrics, model, process_group, sharding
+from . import checkpoints, data, devices, horovod, metrics, model, process_group, randomness, sharding, wrapping
 
 Report = tuple  # (ast node, message, hint)
 Check = Callable[[Script], Iterable[Report]]
@@ -39,4 +39,7 @@ CHECKS: dict[str, Check] = {
     "sharded-state-on-one-rank": sharding.sharded_state_on_one_rank,
     "save-sharded-every-rank": sharding.save_sharded_every_rank,
     "fsdp1-api": sharding.fsdp1_api,
+    "unseeded-split": randomness.unseeded_split,
+    "model-not-wrapped": wrapping.model_not_wrapped,
+    "ranks-share-device": devices.ranks_share_device,
 }
