@@ -52,3 +52,9 @@ def test_findings_carry_the_rule_severity_and_a_hint():
     (finding,) = check_source(path.read_text(), str(path))
     assert finding.severity == RULES["save-every-rank"].severity == "warning"
     assert finding.hint and finding.message and finding.file == str(path)
+
+
+def test_the_batch_size_hint_gives_an_integer():
+    path = CASES / "batch-size-float" / "trap_float.py"
+    (finding,) = check_source(path.read_text(), str(path))
+    assert "(128 // size)" in finding.hint  # not `128 // float(size)`, a float too

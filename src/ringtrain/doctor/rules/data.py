@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from ..nodes import callee_name, dotted, is_const, is_evalish, keyword
@@ -124,6 +125,11 @@ def eval_sampler_padding(script: Script) -> Iterator[tuple]:
                    "summed counts, not per-rank averages")
 
 
+def _floor_division(expr: str) -> str:
+    """``128 // size`` for ``128 / float(size)``: ``//`` of a float is a float too."""
+    return re.sub(r"\bfloat\(([^()]*)\)", r"\1", expr).replace(" / ", " // ")
+
+
 def batch_size_float(script: Script) -> Iterator[tuple]:
     for call in script.concept_calls.get("DataLoader", []):
         size = keyword(call, "batch_size", 1)
@@ -136,8 +142,8 @@ def batch_size_float(script: Script) -> Iterator[tuple]:
             yield (call,
                    f"batch_size{given} is `{expr}`, a float ('/' always gives one in Python 3): DataLoader raises "
                    "ValueError (\"batch_size should be a positive integer value\")",
-                   f"use integer division ({expr.replace(' / ', ' // ')}); in ringtrain, batch_size is per device in "
-                   "every strategy and ring.loader takes it as given")
+                   f"use integer division of integers ({_floor_division(expr)}); in ringtrain, batch_size is per "
+                   "device in every strategy and ring.loader takes it as given")
 
 
 def sampler_dataset_mismatch(script: Script) -> Iterator[tuple]:

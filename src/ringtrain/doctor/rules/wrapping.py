@@ -7,9 +7,11 @@ averages the gradients, so every rank trains its own model on its own part of th
 The rule looks at each ``if`` around a wrap (DistributedDataParallel, FSDP, fully_shard,
 hvd.DistributedOptimizer), directly or around a call of the helper that wraps. It reports
 the arm that does not wrap only when the ``if`` picks a device (``cuda``, ``gpu``, ``accel``,
-``device.type``...) — a branch on "am I distributed?" has a single-process arm by design —,
-when nothing on the way to that arm says "not distributed", when the arm does not leave
-(``return``, ``raise``), and when the group and the sampler are not confined to the other arm.
+``device.type``, the backend...) — a branch on "am I distributed?" has a single-process arm by
+design —, when nothing on the way to that arm says "not distributed", when the arm does not
+leave (``return``, ``raise``), when its function wraps nowhere outside that ``if`` (a sibling
+``if`` may cover the other device), and when the group and the sampler are not confined to the
+other arm.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from ..script import Script
 WRAPS = ("DDP", "FSDP", "fully_shard", "hvd.DistributedOptimizer")
 # Calls that may wrap a model (apex's DDP, accelerate's prepare, deepspeed.initialize, ring.setup,
 # a helper named after what it does): an arm that calls one is taken as wrapping.
-_MAY_WRAP = re.compile(r"ddp|distributed|fsdp|shard|wrap|prepare|initialize|parallel|replicate")
+_MAY_WRAP = re.compile(r"ddp|distributeddataparallel|distributedoptimizer|fsdp|fully_?shard|shard_model|(^|_)wrap"
+                       r"|^(prepare|prepare_model|initialize|replicate|parallelize|parallelize_module)$")
 _DEVICE_TEST = re.compile(r"cuda|gpu|accel|device|cpu|mps|xpu|npu|hpu|tpu|nccl|gloo|backend")
 _DISTRIBUTED = re.compile(r"distributed|(^|_)ddp($|_)|is_initialized|(^|_)dist($|_)|is_dist|multiprocessing")
 _WORLD = re.compile(r"world_size|num_replicas|nprocs?$|num_processes")
@@ -119,6 +122,16 @@ def _reached(script: Script, arm_path: list, calls: list[ast.Call]) -> ast.Call 
     return None
 
 
+def _wrapped_elsewhere(script: Script, branch: ast.AST, arm_path: list) -> bool:
+    """Does the function holding ``branch`` (maybe) wrap outside it, on a path the arm does not rule
+    out: a sibling ``if BACKEND == "nccl":`` after ``if BACKEND == "gloo":``, a wrap after the ``if``?"""
+    scope = script.function_of(branch)
+    return any(isinstance(node, ast.Call) and script.function_of(node) is scope and not script.inside(node, branch)
+               and not _excludes(script, arm_path, node)
+               and any(_may_wrap(script, c) for c in script.calls_in(node, depth=2))
+               for node in ast.walk(scope))
+
+
 def _unwrapped_arms(script: Script, wrap: ast.Call) -> Iterator[tuple[ast.AST, bool]]:
     """(an ``if`` around the wrap, the side that does not wrap)."""
     for site in _sites(script, wrap):
@@ -146,6 +159,8 @@ def model_not_wrapped(script: Script) -> Iterator[tuple]:
             arm_path = [(branch, branch.test, side)] + _path(script, branch)
             if any(_distributed_when(test, taken) is False for _, test, taken in arm_path):
                 continue  # the single-process path
+            if _wrapped_elsewhere(script, branch, arm_path):
+                continue
             group, sampler = _reached(script, arm_path, groups), _reached(script, arm_path, samplers)
             if group is None or sampler is None:
                 continue
