@@ -72,6 +72,8 @@ def test_aliases_resolve_to_the_torch_object(source, concept):
         "import numpy as torch\ntorch.save(x)",
         "from functools import reduce\nreduce(f, xs)",
         "model.save('a.pt')",
+        # a package's own class imported relatively (ringtrain's strategies) is not FSDP1
+        "from .fsdp import FSDP\nFSDP()",
     ],
 )
 def test_other_objects_are_not_mistaken_for_torch(source):

@@ -159,6 +159,8 @@ class Names:
                         self.star.append(node.module)
                     else:
                         self.bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.ImportFrom):  # `from .fsdp import FSDP`: this package's own FSDP
+                self.assigned.update(alias.asname or alias.name for alias in node.names)
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 self.assigned.add(node.id)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
