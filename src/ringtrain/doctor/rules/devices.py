@@ -120,9 +120,9 @@ def ranks_share_device(script: Script) -> Iterator[tuple]:
         yield (node,
                f"`{script.text(node)}` numbers {k} devices per rank ({k} x rank + i) but folds them with "
                f"% {modulus}: {k} x world_size device numbers land on world_size devices, so two ranks share a "
-               f"GPU (with {world} ranks, ranks {a} and {b} both get device {device}): under NCCL the group "
-               "fails (\"Duplicate GPU detected\"); under Gloo both processes run on it, slower and with twice "
-               "its memory, while other GPUs stay idle",
+               f"GPU (with {world} ranks, ranks {a} and {b} both get device {device}): NCCL refuses a communicator "
+               "with two ranks on one GPU (\"Duplicate GPU detected\"); under Gloo both processes run there, "
+               "slower and with twice the memory, while other GPUs stay idle",
                f"give rank r its own devices r x {k} .. r x {k} + {k - 1} (no modulo: dev0 = rank * {k}, which "
                f"needs {k} x world_size GPUs, i.e. world_size = torch.cuda.device_count() // {k}), or reduce "
                "modulo the GPU count, never the world size")
