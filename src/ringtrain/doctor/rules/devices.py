@@ -104,7 +104,7 @@ def _collision(k: int, j: int) -> tuple[int, int, int, int]:
             if device in seen:
                 return world, seen[device], rank, device
             seen[device] = rank
-    return 2 * k, 0, 2, j % (2 * k)  # not reached for k >= 2
+    return 2 * k, 0, 2, j % (2 * k)  # a large prime k: 2k + j = j (mod 2k), ranks 0 and 2 meet
 
 
 def ranks_share_device(script: Script) -> Iterator[tuple]:

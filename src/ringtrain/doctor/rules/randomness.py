@@ -32,9 +32,10 @@ def _generator_seeds(script: Script, generator: ast.AST) -> str | None:
             if node.func.attr == "manual_seed":
                 seeds.append(node)
             node = node.func.value
-    seeds += [c for c in script.calls if c.func.__class__ is ast.Attribute and c.func.attr == "manual_seed"
-              and isinstance(generator, (ast.Name, ast.Attribute)) and script.same_value(c.func.value, generator)
-              and script.aliases(c.func.value)]
+    if isinstance(generator, (ast.Name, ast.Attribute)):  # gen = torch.Generator(); gen.manual_seed(s)
+        named = script.aliases(generator)
+        seeds += [c for c in script.calls if isinstance(c.func, ast.Attribute) and c.func.attr == "manual_seed"
+                  and script.aliases(c.func.value) & named]
     if any(_mentions_rank(s) for s in seeds):
         return "per-rank"
     if seeds:
@@ -79,15 +80,16 @@ def _builds_per_rank_data(script: Script, keys: set) -> ast.AST | None:
 
 
 def _permuted(script: Script, call: ast.Call, concept: str) -> set:
-    """The bindings a permutation lands in: ``perm = torch.randperm(n)`` (through ``.tolist()``),
-    or the list ``random.shuffle(indices)`` shuffles in place."""
-    if concept == "random.shuffle" or (concept == "np.permutation" and script.names.path(call.func).endswith("shuffle")):
+    """The bindings a permutation lands in: ``perm = torch.randperm(n)`` (through ``[:k]`` and
+    ``.tolist()``), or the list ``random.shuffle(indices)`` shuffles in place."""
+    if (script.names.path(call.func) or "").endswith(".shuffle"):
         target = call.args[0] if call.args else None
         return {script.scope_of(target)} - {None} if isinstance(target, (ast.Name, ast.Attribute)) else set()
-    node = call
-    while isinstance(script.parent.get(node), ast.Attribute) and isinstance(script.parent.get(script.parent[node]), ast.Call):
-        node = script.parent[script.parent[node]]  # torch.randperm(n).tolist()
-    parent = script.parent.get(node)
+    node, parent = call, script.parent.get(call)
+    while (isinstance(parent, ast.Subscript) and parent.value is node) or (
+            isinstance(parent, ast.Attribute) and isinstance(script.parent.get(parent), ast.Call)):
+        node = parent if isinstance(parent, ast.Subscript) else script.parent[parent]  # randperm(n)[:k].tolist()
+        parent = script.parent.get(node)
     if isinstance(parent, ast.Assign):
         return {script.scope_of(t) for t in parent.targets if isinstance(t, (ast.Name, ast.Attribute))} - {None}
     return set()

@@ -167,7 +167,7 @@ def model_not_wrapped(script: Script) -> Iterator[tuple]:
             reported.add(id(branch))
             when = f"`{script.text(branch.test)}` is {'true' if side else 'false'}"
             yield (branch,
-                   f"when {when}, the model is never wrapped (the wrap at line {wrap.lineno} is on the other side "
+                   f"when {when}, the model is never wrapped (the wrap at line {wrap.lineno} runs only on the other side "
                    f"of this `if`), yet the process group forms (line {group.lineno}) and a DistributedSampler "
                    f"shards the data (line {sampler.lineno}): every rank trains its own model on its own shard, "
                    "nothing averages the gradients, and the replicas drift apart",

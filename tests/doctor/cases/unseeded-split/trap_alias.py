@@ -30,3 +30,8 @@ mine = order[rank::world_size]
 indices = list(range(len(data)))
 random.shuffle(indices)  # expect: unseeded-split
 shard = indices[rank * 25:(rank + 1) * 25]
+
+picked = random.sample(range(len(data)), 20)  # expect: unseeded-split
+val_subset = tud.Subset(data, picked)
+head = torch.randperm(len(data))[:10].tolist()  # expect: unseeded-split
+head_subset = tud.Subset(data, head)
