@@ -34,7 +34,7 @@ import time
 import traceback
 from typing import Any, Iterator
 
-from . import stall
+from . import failures, stall
 from .activity import ACTIVITY, collective_in_progress  # noqa: F401  (re-exported: the layers that bump it)
 from .board import Board, host_identity, pid_gone  # noqa: F401  (re-exported)
 from .records import Blame, Post
@@ -99,6 +99,10 @@ class Membership:
         (self._previous_hook or sys.__excepthook__)(kind, value, tb)
         if ACTIVE is self and not self._left and not issubclass(kind, KeyboardInterrupt):
             entry = self.fail(format_exception_line(value), value)
+            # Now, not at exit: a peer stopped by this post may be gone (and this rank SIGTERMed by
+            # torchrun's agent) before this rank's exit path ends; the file is what names it (failures.py).
+            failures.write_error_file(self.error_file, entry.reason, "".join(traceback.format_exception(kind, value, tb)),
+                                      entry.to_dict())
             if entry.blame is not None:
                 # Under srun or plain torchrun nobody else reads the board: say here who caused it.
                 note = self.watchdog.note if self.watchdog is not None and timed_out(value) else None
