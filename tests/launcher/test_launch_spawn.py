@@ -35,6 +35,30 @@ def test_a_rank_that_raises_is_named_with_its_traceback():
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.timeout(120)
+def test_a_child_that_dies_of_a_python_error_before_fn_is_named_not_the_rank_stopped_for_it(tmp_path):
+    claim = _launch_workers.FailsInOneChildsStart(str(tmp_path / "claimed"))
+    with pytest.raises(RingtrainError) as info:
+        ringtrain.launch(_launch_workers.sleep_a_minute, 2, args=(claim,), start_method="spawn")
+    message = str(info.value)
+    assert "exited with code 1 before fn recorded any error" in message and "could not start" in message, message
+    assert "SIGTERM" not in message and "OOM" not in message, message  # the other rank, stopped by us, is not it
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_script_on_stdin_is_refused_before_any_child_starts(tmp_path):
+    import subprocess
+    import sys
+
+    script = "import ringtrain as rt\ndef f():\n    return 1\nif __name__ == '__main__':\n    rt.launch(f, 2)\n"
+    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=50,
+                          cwd=tmp_path, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert done.returncode == 1, done.stderr
+    assert "a script on stdin cannot be re-run by the workers: save it to a file" in done.stderr, done.stderr
+    assert "FileNotFoundError" not in done.stderr and "SIGTERM" not in done.stderr, done.stderr
+
+
 @pytest.mark.timeout(60)
 def test_a_hang_is_killed_at_the_timeout(tmp_path):
     start = time.monotonic()
