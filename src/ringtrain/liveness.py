@@ -29,6 +29,7 @@ import contextlib
 import datetime
 import faulthandler
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -277,6 +278,8 @@ def explain() -> str | None:
 
 def plain_board(master_addr: str, master_port: int, rank: int, world_size: int, generation: str) -> Board | None:
     """A board for a plain torch.distributed script (no ring): a fresh client of the launcher's store."""
+    if not _listening(master_addr, master_port):
+        return None
     try:
         import torch.distributed as dist
 
@@ -285,6 +288,21 @@ def plain_board(master_addr: str, master_port: int, rank: int, world_size: int, 
     except (RuntimeError, OSError, ValueError):
         return None
     return Board(store, rank, world_size, generation)
+
+
+def _listening(host: str, port: int, timeout: float = 2.0) -> bool:
+    """Whether anything accepts connections on ``host:port``, asked with one plain connect.
+
+    Nobody may listen there at all: under ``rt.spawn`` a script that formed its group on its own
+    ``tcp://`` port never started a store on MASTER_PORT, and after ``destroy_process_group`` rank 0's
+    store is gone. A TCPStore client retries such a port for its whole timeout, printing a C++
+    trace at each try (80 to 160 lines and seconds at every exit); a refused connect answers at once.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def format_exception_line(error: BaseException) -> str:

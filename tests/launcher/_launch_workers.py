@@ -84,3 +84,15 @@ class FailsInOneChildsStart:
 
 def sleep_a_minute(_claim: str) -> None:
     time.sleep(60)  # stopped by the launcher once the other child failed
+
+
+def env_worker_that_destroys(local_rank: int, nprocs: int) -> float:
+    """pytorch/examples' shape: env:// (MASTER_ADDR/PORT from the launcher), destroy_process_group at the end."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", world_size=nprocs, rank=local_rank)
+    t = torch.tensor([float(local_rank + 1)])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.item()
