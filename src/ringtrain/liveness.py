@@ -102,8 +102,8 @@ class Membership:
             entry = self.fail(format_exception_line(value), value)
             # Now, not at exit: a peer stopped by this post may be gone (and this rank SIGTERMed by
             # torchrun's agent) before this rank's exit path ends; the file is what names it (failures.py).
-            failures.write_error_file(self.error_file, entry.reason, "".join(traceback.format_exception(kind, value, tb)),
-                                      entry.to_dict())
+            callstack = "".join(traceback.format_exception(kind, value, tb))
+            failures.write_error_file(self.error_file, entry.reason, callstack, entry.to_dict())
             if entry.blame is not None:
                 # Under srun or plain torchrun nobody else reads the board: say here who caused it.
                 note = self.watchdog.note if self.watchdog is not None and timed_out(value) else None

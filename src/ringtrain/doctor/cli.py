@@ -172,7 +172,8 @@ def python_files(path: str) -> list[str]:
                                  "name the training script itself, or a folder that holds .py files.")
         return found
     if not os.path.exists(path):
-        raise RingtrainError(f"{path}: no such file or folder", f"check the path (relative to the current folder, {os.getcwd()}).")
+        raise RingtrainError(f"{path}: no such file or folder",
+                             f"check the path (relative to the current folder, {os.getcwd()}).")
     if not path.endswith((".py", ".pyw")) and not _python_shebang(path):
         raise RingtrainError(f"{path} is not a Python file (doctor reads *.py files)",
                              "pass the training script (train.py) or a folder; for a notebook, "
