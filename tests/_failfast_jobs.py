@@ -8,7 +8,8 @@ API: ``ring`` (rt.Ring, DDP), ``ring-hvd`` (rt.Ring(strategy="hvd")), ``ring-fsd
 ``plain`` (torch.distributed and DDP by hand, no ringtrain).
 
 MODE (what rank 1 does at step 3): ``raise`` (ValueError), ``exit3`` (sys.exit(3)), ``memory``
-(MemoryError), ``before-setup`` (raises between Ring() and ring.setup, ring APIs only), ``nan``
+(MemoryError), ``raise-slow-exit`` (ValueError, and its exit takes 3 s — an atexit handler, as a
+data loader or a logger shutting down: the rank it stops is gone first), ``before-setup`` (raises between Ring() and ring.setup, ring APIs only), ``nan``
 (a NaN loss with nonfinite="raise", ring APIs only), ``return`` (finishes early and cleanly),
 ``close`` (ring.close() and lingers, ring APIs only), ``kill`` (SIGKILLs itself).
 
@@ -30,7 +31,11 @@ FAULT_STEP = 3
 def _fault(mode: str, stage: str) -> None:
     """Rank 1's departure, the ``mode`` way (``stage``: where in the script we are)."""
     print(f"FAULT rank=1 t={time.time():.3f} mode={mode}", flush=True)
-    if mode == "raise":
+    if mode == "raise-slow-exit":
+        import atexit
+
+        atexit.register(time.sleep, 3.0)
+    if mode in ("raise", "raise-slow-exit"):
         raise ValueError(f"rank one fails on purpose ({stage})")
     if mode == "exit3":
         sys.exit(3)

@@ -112,6 +112,7 @@ def expected_text(mode: str) -> str:
     """What the output must say about rank 1's departure, whatever the launcher."""
     return {
         "raise": "rank one fails on purpose",
+        "raise-slow-exit": "rank one fails on purpose",
         "exit3": "3",
         "memory": "MemoryError",
         "before-setup": "before ring.setup",

@@ -13,6 +13,15 @@ the rank that *caused* the failure rather than the first one to exit: the rank's
      "during": "all_reduce #7" | null, # the collective it was blocked in, when known
      "rank": 0, "state": "failed", "reason": "...", "pid": 123}
 
+torchrun's own summary names as "Root Cause" the failure with the smallest ``timestamp``, in
+whole seconds, ties going to the rank the agent saw exit first. A rank stopped because of a
+peer (``cause: "peer"``) usually exits *before* the culprit, whose exit path (atexit handlers,
+a data loader shutting down) takes longer, and within the same second: torchrun named the
+stopped rank and listed the culprit as SIGTERMed. So the culprit writes its file as soon as it
+fails (liveness.py's excepthook), and a stop caused by a peer is stamped one second later than
+its clock says: it is ordered after the failure that caused it (the exact time stays in
+``extraInfo["ringtrain"]["time"]``, which ringtrain's own report reads).
+
 Written atomically (a temporary file, then a rename): torch's own handler opens the file,
 emptying it, before it writes, and the agent, which stops every other worker as soon as
 one fails and then parses their files, died with ``JSONDecodeError`` on a file a stopped
@@ -46,7 +55,8 @@ def write_error_file(path: str | None, message: str, callstack: str, info: dict[
     """Write torchelastic's error-file JSON to ``path`` (whole or not at all); no-op without a path."""
     if not path:
         return
-    extra: dict[str, Any] = {"py_callstack": callstack, "timestamp": str(int(time.time()))}
+    stamp = int(time.time()) + (1 if info and info.get("cause") == "peer" else 0)  # after its cause: see above
+    extra: dict[str, Any] = {"py_callstack": callstack, "timestamp": str(stamp)}
     if info:
         extra[INFO_KEY] = info
     data = {"message": {"message": message, "extraInfo": extra}}

@@ -29,12 +29,13 @@ import contextlib
 import datetime
 import faulthandler
 import signal
+import socket
 import sys
 import time
 import traceback
 from typing import Any, Iterator
 
-from . import stall
+from . import failures, stall
 from .activity import ACTIVITY, collective_in_progress  # noqa: F401  (re-exported: the layers that bump it)
 from .board import Board, host_identity, pid_gone  # noqa: F401  (re-exported)
 from .records import Blame, Post
@@ -99,6 +100,10 @@ class Membership:
         (self._previous_hook or sys.__excepthook__)(kind, value, tb)
         if ACTIVE is self and not self._left and not issubclass(kind, KeyboardInterrupt):
             entry = self.fail(format_exception_line(value), value)
+            # Now, not at exit: a peer stopped by this post may be gone (and this rank SIGTERMed by
+            # torchrun's agent) before this rank's exit path ends; the file is what names it (failures.py).
+            callstack = "".join(traceback.format_exception(kind, value, tb))
+            failures.write_error_file(self.error_file, entry.reason, callstack, entry.to_dict())
             if entry.blame is not None:
                 # Under srun or plain torchrun nobody else reads the board: say here who caused it.
                 note = self.watchdog.note if self.watchdog is not None and timed_out(value) else None
@@ -273,6 +278,8 @@ def explain() -> str | None:
 
 def plain_board(master_addr: str, master_port: int, rank: int, world_size: int, generation: str) -> Board | None:
     """A board for a plain torch.distributed script (no ring): a fresh client of the launcher's store."""
+    if not _listening(master_addr, master_port):
+        return None
     try:
         import torch.distributed as dist
 
@@ -281,6 +288,21 @@ def plain_board(master_addr: str, master_port: int, rank: int, world_size: int, 
     except (RuntimeError, OSError, ValueError):
         return None
     return Board(store, rank, world_size, generation)
+
+
+def _listening(host: str, port: int, timeout: float = 2.0) -> bool:
+    """Whether anything accepts connections on ``host:port``, asked with one plain connect.
+
+    Nobody may listen there at all: under ``rt.spawn`` a script that formed its group on its own
+    ``tcp://`` port never started a store on MASTER_PORT, and after ``destroy_process_group`` rank 0's
+    store is gone. A TCPStore client retries such a port for its whole timeout, printing a C++
+    trace at each try (80 to 160 lines and seconds at every exit); a refused connect answers at once.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def format_exception_line(error: BaseException) -> str:

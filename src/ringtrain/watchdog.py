@@ -316,8 +316,8 @@ class Watchdog(threading.Thread):
 
     def _end_process(self, message: str, info: dict[str, Any]) -> None:
         print(message, file=sys.stderr, flush=True)
-        failures.write_error_file(self.error_file, message.removeprefix("ringtrain: ").splitlines()[0],
-                                  info.get("stack") or "", info)
+        line = message.removeprefix("ringtrain: ").splitlines()[0]
+        failures.write_error_file(self.error_file, line, info.get("stack") or line, info)  # torchrun shows the 2nd
         with contextlib.suppress(Exception):
             sys.stdout.flush()
         recorder = ACTIVITY.recorder

@@ -111,6 +111,22 @@ def test_ringtrain_ddp_and_raw_ddp_train_the_same_model(bench):
     assert accumulate["allreduces_per_step"] == ddp["allreduces_per_step"]  # no_sync: once per optimizer step
 
 
+@pytest.mark.timeout(200)
+def test_one_process_communicates_nothing_in_every_mode(tmp_path):
+    # DDP's hook still runs at W=1 (it reported 591 KiB/step) while hvd's estimate said 0 B: at W=1
+    # nothing crosses a wire, whichever way a mode counts its bytes.
+    argv = [sys.executable, "-m", "ringtrain", "bench", "--workload", "digits-cnn", "--modes", "ddp,hvd,raw-ddp",
+            "--nprocs", "1", "--precision", "32", "--steps", "2", "--warmup", "1", "--repeats", "1", "--width", "4",
+            "--batch-size", "32", "--out", str(tmp_path), "--no-progress", "--timeout", "150"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=170)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / "results.json") as f:
+        rows = {r["mode"]: r for r in json.load(f)["rows"]}
+    assert set(rows) == {"ddp", "hvd", "raw-ddp"}
+    for mode, row in rows.items():
+        assert row["world_size"] == 1 and row["comm_bytes_per_step"] == 0, (mode, row)
+
+
 def test_output_folder_is_reported(bench):
     assert str(bench["out"]) in bench["done"].stdout
     assert os.path.isfile(bench["out"] / "results.json")

@@ -218,3 +218,31 @@ def test_training_methods_in_seed_004s_words():
         "|:---:|:---:|:---:|:---:|:---:",
         "|ResNet-18 (width 64)|CIFAR-100|DDP x4+AMP fp16|14.50s|0.500",
     ]
+
+
+def _row(mode, world, rate, status="ok", reason=""):
+    return {"status": status, "mode": mode, "world_size": world, "precision": "32", "samples_per_s": rate,
+            "samples_per_s_min": rate and rate * 0.9, "samples_per_s_max": rate and rate * 1.1, "reason": reason}
+
+
+@pytest.mark.parametrize("device, counted", [("cpu", "processes"), ("cuda:0", "GPUs")])
+def test_the_plot_draws_raw_ddp_as_the_reference_and_names_what_did_not_run(tmp_path, device, counted):
+    import matplotlib.pyplot as plt
+
+    from ringtrain.bench import plot
+
+    rows = [_row("single", 1, 100.0), _row("ddp", 2, 180.0), _row("raw-ddp", 2, 190.0), _row("hvd", 2, 170.0),
+            _row("dp", "1,2", None, "skipped", "Ring(strategy=DataParallel()): dp needs CUDA GPUs; torch sees 0"),
+            _row("pipeline", 1, None, "skipped", "pipeline needs a multiple of 2 processes")]
+    fig = plot.figure(rows, {"workload": "mlp", "device": device})
+    (ax,) = fig.axes
+    assert ax.get_legend().get_title().get_text() == counted  # W counts CPU processes on CPU, not "devices"
+    dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert [tuple(line.get_ydata()) for line in dashed] == [(190.0, 190.0)]  # raw-ddp at W=2, across the panel
+    assert "raw-ddp W=2 (hand-written DDP)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    under = "\n".join(t.get_text() for t in fig.texts)
+    assert "dp (W=1,2, precision 32) skipped: Ring(strategy=DataParallel()): dp needs CUDA GPUs" in under
+    assert "pipeline (W=1, precision 32) skipped" in under
+    plt.close(fig)
+    png = plot.throughput_png(rows, {"workload": "mlp", "device": device}, str(tmp_path / "t.png"))
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"

@@ -138,8 +138,11 @@ def test_standard_input(monkeypatch, capsys):
 def test_usage_errors_exit_2_with_a_hint(tmp_path, capsys, make, needle):
     path = make(tmp_path)
     assert doctor.main([str(path)]) == 2
-    err = capsys.readouterr().err
-    assert needle in err and "HINT:" in err, err
+    captured = capsys.readouterr()
+    assert needle in captured.err and "HINT:" in captured.err, captured.err
+    assert captured.out == "", captured.out  # only the error: no "0 files checked: no findings" under it
+    assert doctor.main(["--format", "json", str(path)]) == 2
+    assert capsys.readouterr().out == ""
 
 
 def test_a_bad_file_does_not_hide_the_findings_of_the_others(tmp_path, capsys):

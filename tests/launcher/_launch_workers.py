@@ -60,3 +60,39 @@ def tcp_worker(local_rank: int, nprocs: int, port: int) -> float:
     dist.all_reduce(t)
     dist.destroy_process_group()
     return t.item()
+
+
+def _claim_or_fail(path: str) -> str:
+    """Unpickled in a child before fn runs: the first child to get here dies of a Python error."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return path
+    raise ImportError("this child could not load its arguments (on purpose)")
+
+
+class FailsInOneChildsStart:
+    """An argument one child cannot unpickle: that child dies of a Python error before fn (and its
+    error record) starts, as a child of a script fed on stdin did; the other runs fn."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (_claim_or_fail, (self.path,))
+
+
+def sleep_a_minute(_claim: str) -> None:
+    time.sleep(60)  # stopped by the launcher once the other child failed
+
+
+def env_worker_that_destroys(local_rank: int, nprocs: int) -> float:
+    """pytorch/examples' shape: env:// (MASTER_ADDR/PORT from the launcher), destroy_process_group at the end."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", world_size=nprocs, rank=local_rank)
+    t = torch.tensor([float(local_rank + 1)])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.item()

@@ -54,6 +54,17 @@ def test_bad_arguments_exit_2_with_a_hint(tmp_path, capsys, argv, needle):
     assert needle in err and "HINT:" in err, err
 
 
+@pytest.mark.parametrize("gpus", [[], ["--gpus", "0,1"]])
+def test_nproc_gpu_without_a_gpu_is_refused_even_with_gpus_listed(tmp_path, capsys, monkeypatch, gpus):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # this machine, with or without a GPU
+    script = write(tmp_path / "train.py", ALLREDUCE)
+    assert run.main(["--nproc-per-node", "gpu", *gpus, str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "torch sees no CUDA GPU here" in err and "HINT:" in err, err
+
+
 def test_missing_script_and_module_exit_2(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert run.main(["--nproc-per-node", "2", "no_such_script.py"]) == 2

@@ -91,3 +91,17 @@ def test_a_rank_that_finishes_early_is_named_with_what_the_other_waited_in():
     lead = next(line for line in outcome.output.splitlines() if line.startswith("ringtrain run:"))
     assert lead.startswith("ringtrain run: rank 1 finished (process exit), and rank 0 could not go on"), outcome.output
     assert "HINT: every rank must make the same collective calls" in outcome.output
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("api", ["ring", "hvd"])
+def test_torchrun_s_own_root_cause_is_the_rank_that_failed_even_when_it_exits_last(api):
+    # Rank 1 raises but takes 3 s to exit; rank 0, stopped because of it, exits first with status 1.
+    # torchrun's summary picks the smallest error-file timestamp (whole seconds): it must still be rank 1.
+    outcome = runner.run("torchrun", api, "raise-slow-exit")
+    root = re.search(r"Root Cause \(first observed failure\):\n\[\d+\]:\n(?:.*\n){2}\s*rank\s*:\s*(\d+)",
+                     outcome.output)
+    assert root is not None, outcome.output[-6000:]
+    assert root.group(1) == "1", outcome.output[-6000:]
+    assert "rank one fails on purpose" in outcome.output.split("Root Cause")[-1], outcome.output[-6000:]
+    assert outcome.seconds is not None and outcome.seconds < BOUND_S, outcome.output[-6000:]

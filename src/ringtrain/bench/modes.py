@@ -173,6 +173,8 @@ class RingTrainer:
 
     def comm_per_step(self, steps: int) -> tuple[float | None, float | None]:
         """(bytes, all-reduce calls) per optimizer step on this rank."""
+        if self.ring.world_size == 1 and self.ring.strategy.devices_per_process == 1:
+            return 0.0, 0.0  # one process, one device: nothing crosses a wire (DDP still calls its hook)
         if self.comm.method == "ddp comm hook":
             return self.comm.bytes / steps, self.comm.calls / steps
         if self.comm.method == "compression hook":
@@ -185,7 +187,7 @@ class RingTrainer:
             return 3.0 * self.grad_bytes * (world - 1) / world, None
         if self.comm.method.startswith("estimate"):
             return float(self.grad_bytes if self.ring.world_size > 1 else 0), None
-        return (0.0, 0.0) if self.ring.world_size == 1 and self.ring.strategy.devices_per_process == 1 else (None, None)
+        return None, None
 
     def batches(self, epochs: int) -> Iterator[Any]:
         for _ in self.ring.epochs(epochs):  # sets every ring loader's epoch
@@ -258,6 +260,8 @@ class RawDDPTrainer:
         self.devices = world
 
     def comm_per_step(self, steps: int) -> tuple[float | None, float | None]:
+        if self.devices == 1:
+            return 0.0, 0.0  # as RingTrainer's: at W=1 DDP's hook runs, but nothing crosses a wire
         return self.comm.bytes / steps, self.comm.calls / steps
 
     def batches(self, epochs: int) -> Iterator[Any]:

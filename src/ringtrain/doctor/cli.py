@@ -183,7 +183,8 @@ def python_files(path: str) -> list[str]:
                                  "name the training script itself, or a folder that holds .py files.")
         return found
     if not os.path.exists(path):
-        raise RingtrainError(f"{path}: no such file or folder", "check the path (relative to the current folder).")
+        raise RingtrainError(f"{path}: no such file or folder",
+                             f"check the path (relative to the current folder, {os.getcwd()}).")
     if not path.endswith((".py", ".pyw")) and not _python_shebang(path):
         raise RingtrainError(f"{path} is not a Python file (doctor reads *.py files)",
                              "pass the training script (train.py) or a folder; for a notebook, "
@@ -295,6 +296,8 @@ def _main(argv: list[str] | None) -> int:
             if ns.format == "text":
                 for finding in found:
                     print(finding.text())
+    if not checked:
+        return status  # every PATH was an error (2), already said: no "0 files checked: no findings" under it
     if ns.format == "json":
         print(json.dumps([f.to_json() for f in findings], indent=2, ensure_ascii=False))
         print(summary(findings, checked, unreadable), file=sys.stderr)

@@ -395,16 +395,18 @@ def _parse_nnodes(text: str) -> tuple[int, int]:
 
 
 def _resolve_nproc(text: str, gpus: list[int] | None) -> str:
-    if text in ("gpu", "auto") and gpus is not None:
-        return str(len(gpus))  # one worker per GPU the user listed
     if text == "gpu":
         import torch
 
-        if not torch.cuda.is_available():
+        if not torch.cuda.is_available():  # with --gpus too: 2 CPU processes are not what was asked
+            listed = f" --gpus {','.join(map(str, gpus))}" if gpus is not None else ""
             raise RingtrainError(
-                "--nproc-per-node gpu, but torch sees no CUDA GPU here",
+                f"--nproc-per-node gpu{listed}, but torch sees no CUDA GPU here",
                 "give a number (--nproc-per-node 2) or 'cpu'; run `ringtrain env` to see what torch finds.",
             )
+    if text in ("gpu", "auto") and gpus is not None:
+        return str(len(gpus))  # one worker per GPU the user listed
+    if text == "gpu":
         return text
     if text in NPROC_WORDS:
         return text

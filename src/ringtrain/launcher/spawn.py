@@ -131,6 +131,14 @@ def _check(fn: Callable, nprocs: Any, start_method: str) -> None:
             f"start_method={start_method!r} children start a fresh interpreter that cannot import it",
             "leave start_method unset (fork is used interactively), or move fn into a .py file and import it.",
         )
+    script = _unreadable_main()
+    if start_method in ("spawn", "forkserver") and script is not None:
+        raise RingtrainError(
+            f"this script was read from {script} (`python - <<EOF`?), and start_method={start_method!r} children "
+            "start a fresh interpreter that re-runs the parent's script from its file: there is none to re-run",
+            "a script on stdin cannot be re-run by the workers: save it to a file (train.py) and run "
+            "`python train.py`.",
+        )
     if start_method == "fork" and cuda_initialized():
         raise RingtrainError(
             "CUDA is already initialized in this process, and forked children cannot use it",
@@ -138,6 +146,21 @@ def _check(fn: Callable, nprocs: Any, start_method: str) -> None:
             "parent (no .cuda() / torch.cuda calls at top level), or use start_method='spawn' "
             "with fn in an importable .py file.",
         )
+
+
+def _unreadable_main() -> str | None:
+    """The parent's ``__main__`` file when spawned children could not re-run it (``<stdin>``), else None.
+
+    multiprocessing's "spawn" children import the parent's main module again: by name when it
+    was run with ``-m``, else from ``__main__.__file__``. ``python - <<EOF`` sets that to
+    ``<stdin>``, and every child died with FileNotFoundError before the function even ran.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or getattr(getattr(main, "__spec__", None), "name", None):
+        return None  # interactive (no file: fork is used), or `python -m` (re-imported by name)
+    start = multiprocessing.process.ORIGINAL_DIR  # where a relative path is resolved (multiprocessing/spawn.py)
+    return None if os.path.isfile(os.path.join(start or "", path)) else path
 
 
 def cuda_initialized() -> bool:
@@ -248,8 +271,8 @@ def _wait(processes: list, name: str, timeout: float | None, results: str) -> No
             if p.exitcode != 0:
                 print(f"ringtrain: {name}: rank {rank} {_how(p.exitcode)}; stopping the other ranks.",
                       file=sys.stderr, flush=True)
-                _stop(processes)
-                raise _failure(processes, name, results)
+                stopped = _stop(processes)
+                raise _failure(processes, name, results, stopped)
         if deadline is not None and running and time.monotonic() >= deadline:
             alive = _stop(processes)
             raise RingtrainError(
@@ -278,8 +301,13 @@ class _Failure(NamedTuple):
     pid: int
 
 
-def _failure(processes: list, name: str, results: str) -> RingtrainError:
-    """The error naming the rank that caused the failure (report.first_cause decides which)."""
+def _failure(processes: list, name: str, results: str, stopped: Sequence[int] = ()) -> RingtrainError:
+    """The error naming the rank that caused the failure (report.first_cause decides which).
+
+    ``stopped``: the ranks this process terminated after the first failure. One that left no
+    record was killed by us, not by its own fault: it is never the cause (a child that died of a
+    Python error before it could record one was reported as "killed by SIGTERM" in its place).
+    """
     from .. import failures
     from .report import first_cause
 
@@ -292,6 +320,8 @@ def _failure(processes: list, name: str, results: str) -> RingtrainError:
         if os.path.exists(path):
             with open(path) as f:
                 record = json.load(f)["message"]
+        if record is None and rank in stopped:
+            continue
         failed[rank] = _Failure(p.exitcode, record, p.pid)
     first, failure, blame = first_cause(failed)
     info = failures.info_of(failure.message) or {}
@@ -308,10 +338,12 @@ def _failure(processes: list, name: str, results: str) -> RingtrainError:
         return RingtrainError(f"{name}: {what}; the other ranks were stopped.\n{detail.rstrip()}", hint)
     if failure.exitcode < 0:
         hint = "a signal is usually the OOM killer (check `dmesg`) or a crash in native code."
-    else:
-        hint = ("the child's stderr above says why: it exited from native code, or could not start (it failed "
-                "to import fn's module or unpickle args).")
-    return RingtrainError(f"{name}: {what} without a Python error; the other ranks were stopped", hint)
+        return RingtrainError(f"{name}: {what} without a Python error; the other ranks were stopped", hint)
+    # Exited by itself before fn could record anything: a Python error while the child started (its
+    # traceback is on its stderr), or an exit from native code.
+    hint = ("the child's stderr above says why: it could not start (it failed to import fn's module or "
+            "unpickle args), or it exited from native code.")
+    return RingtrainError(f"{name}: {what} before fn recorded any error; the other ranks were stopped", hint)
 
 
 def _load(results: str, rank: int) -> Any:
