@@ -274,80 +274,16 @@ import sys
 from dataclasses import dataclass, field
 
 from ..errors import RingtrainError
-from .cli import HintingParser
-from . import hosts, scripts
+from . import discovery, flags, horovod_flags, hosts, scripts, torchrun_flags
+from .flags import DEFAULT_TIMEOUT, NPROC_WORDS
 from .hosts import TORCHRUN_DEFAULT_PORT
 from .ports import LOOPBACK, is_loopback
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
-NPROC_WORDS = ("auto", "gpu", "cpu")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    summary, _, manual = __doc__.partition("\n\n")
-    parser = HintingParser(
-        prog="ringtrain run",
-        usage="%(prog)s [options] script.py [script args ...]\n"
-        "       %(prog)s [options] -m package.module [module args ...]",
-        description=summary.replace("ringtrain run: ", "", 1)
-        + "\nOptions also accept underscores (--nproc_per_node), like torchrun.",
-        epilog=manual,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,  # `--nproc 2` must be an error, not a silent guess
-    )
-    def add(flag: str, **kw) -> None:
-        # Both spellings, like torchrun (DESIGN.md, principle 7); the underscore one is
-        # accepted but kept out of --help so the option list stays readable.
-        parser.add_argument(flag, **kw)
-        if "_" not in flag and flag.count("-") > 2:
-            alias = {k: v for k, v in kw.items() if k in ("type", "metavar")}
-            parser.add_argument("--" + flag[2:].replace("-", "_"), dest=flag[2:].replace("-", "_"),
-                                default=argparse.SUPPRESS, help=argparse.SUPPRESS, **alias)
-
-    add("--nproc-per-node", default=None, metavar="N|auto|gpu|cpu",
-        help="workers on this node: a number, 'gpu' (one per GPU), 'cpu' (one per CPU core), "
-        "or 'auto' (GPUs if any, else CPU cores). Default: 1.")
-    add("--nnodes", default=None, metavar="N|MIN:MAX", help="number of nodes (MIN:MAX for an elastic job). Default: 1.")
-    add("--node-rank", type=int, default=None, metavar="R", help="rank of this node, 0..nnodes-1. Default: 0.")
-    add("--master-addr", default=None, metavar="ADDR",
-        help="address of node 0, reachable from every node. Default: 127.0.0.1 (one machine); "
-        "with -H/--hostfile, the first host's name.")
-    add("--master-port", type=int, default=None, metavar="PORT",
-        help="rendezvous port on node 0, the same on every node. Default: a free port on a single "
-        f"node, {TORCHRUN_DEFAULT_PORT} with several nodes (as torchrun).")
-    add("--gpus", default=None, metavar="I,J,...",
-        help="GPUs the workers may use (sets CUDA_VISIBLE_DEVICES); with --nproc-per-node gpu or "
-        "auto, one worker per listed GPU.")
-    add("--max-restarts", type=int, default=0, metavar="K",
-        help="restart this node's workers up to K times after a failure. Default: 0.")
-    add("--log-dir", default=None, metavar="DIR",
-        help="directory for torchelastic's per-run logs and error files. Default: a temporary directory.")
-    parser.add_argument("--use-env", "--use_env", action="store_true", default=False,
-                        help="accepted and ignored, as torchrun does: workers always get LOCAL_RANK in their environment.")
-    add("--timeout", type=int, default=300, metavar="SECONDS",
-        help="how long nodes wait for each other to join the rendezvous. Default: 300.")
-    add("--timeline", default=None, metavar="DIR",
-        help="record every rank's steps (data, forward, backward, each gradient bucket's all-reduce, optimizer, "
-        "checkpoint, collectives) into DIR/timeline.json (Perfetto / chrome://tracing) and DIR/timeline.png "
-        "(see \"Seeing where a step goes\" below). Sets RINGTRAIN_TIMELINE=DIR for the workers.")
-    horovod = parser.add_argument_group("Horovod scripts and horovodrun-style flags (see \"Horovod scripts\" below)")
-    horovod.add_argument("--horovod", action="store_true",
-                         help="let workers `import horovod.torch` (ringtrain's) and give them the HOROVOD_* variables.")
-    horovod.add_argument("-np", "--num-proc", dest="np", type=int, default=None, metavar="N",
-                         help="total number of processes; alone, the same as --nproc-per-node N.")
-    horovod.add_argument("-H", "--hosts", default=None, metavar="HOST:N,...",
-                         help="hosts and their slots, node 0 first, e.g. node1:4,node2:4 (local names start here, "
-                         "others over ssh).")
-    horovod.add_argument("--hostfile", default=None, metavar="FILE",
-                         help="like -H, from a file of `host slots=N` lines.")
-    horovod.add_argument("--ssh-port", "--ssh_port", dest="ssh_port", type=int, default=None, metavar="PORT",
-                         help="the port of the hosts' sshd, for hosts started over ssh (ssh -p). Default: ssh's.")
-    horovod.add_argument("--ssh-identity-file", "--ssh_identity_file", dest="ssh_identity_file", default=None,
-                         metavar="FILE", help="the private key for hosts started over ssh (ssh -i). Default: ssh's.")
-    parser.add_argument("-m", "--module", action="store_true", help="the target is a module name, run like `python -m`.")
-    parser.add_argument("script", metavar="script.py", help="the training script (or module, with -m).")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    return parser
+    return flags.build_parser(__doc__)
 
 
 @dataclass
@@ -370,7 +306,14 @@ class Plan:
     target_args: list[str] = field(default_factory=list)
     local_rank_arg: str | None = None  # "--local_rank" / "--local-rank" if the script declares it
     horovod: bool = False  # workers get the `horovod` alias and HOROVOD_* (worker.py --horovod)
-    timeline: str | None = None  # the folder of --timeline (checked), merged here after the job
+    timeline: str | None = None  # --timeline's folder, or FILE.json (checked), merged here after the job
+    rdzv_backend: str | None = None  # an elastic job's torchrun backend (c10d, etcd...); None: ringtrain's static one
+    rdzv_id: str | None = None  # --rdzv-id: the run id (TORCHELASTIC_RUN_ID)
+    rdzv_conf: dict = field(default_factory=dict)  # --rdzv-conf, over ringtrain's defaults
+    no_python: bool = False  # --no-python: the target is a program, executed as it is
+    torchrun: dict = field(default_factory=dict)  # torchrun's flags passed to its agent as given (torchrun_flags.py)
+    environment: dict = field(default_factory=dict)  # variables for the workers from horovodrun's flags
+    verbose: bool = False  # horovodrun's --verbose: say what is started
 
 
 def _parse_gpus(text: str) -> list[int]:
@@ -470,13 +413,13 @@ def _script_rendezvous(ns: argparse.Namespace, tcp: tuple[str, int] | None, elas
 
 def plan_from_args(ns: argparse.Namespace) -> Plan:
     """Validate the command line. Raises RingtrainError (exit code 2) before anything starts."""
-    ns = argparse.Namespace(**vars(ns))
-    for name, default in (("nnodes", "1"), ("node_rank", 0), ("master_addr", LOOPBACK)):
+    ns = torchrun_flags.apply(horovod_flags.apply(ns))  # the tools' flags in ringtrain's terms
+    for name, default in (("nnodes", "1"), ("node_rank", 0), ("master_addr", LOOPBACK), ("timeout", DEFAULT_TIMEOUT)):
         if getattr(ns, name, None) is None:
             setattr(ns, name, default)
     gpus = _parse_gpus(ns.gpus) if ns.gpus is not None else None
     nproc = _resolve_nproc(_nproc_text(ns), gpus)
-    min_nodes, max_nodes = _parse_nnodes(ns.nnodes)
+    _, max_nodes = _parse_nnodes(ns.nnodes)
     if not 0 <= ns.node_rank < max_nodes:
         raise RingtrainError(
             f"--node-rank {ns.node_rank} with --nnodes {ns.nnodes}: node ranks are 0..{max_nodes - 1}",
@@ -488,25 +431,32 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
         raise RingtrainError(f"--timeout {ns.timeout}: must be at least 1 second", "e.g. --timeout 300.")
     if ns.max_restarts < 0:
         raise RingtrainError(f"--max-restarts {ns.max_restarts} is negative", "use 0 (no restarts) or more.")
-    # horovodrun's command form: `-np 2 python train.py` (or `python -m pkg.mod`).
-    ns.script, ns.script_args, ns.module = scripts.strip_interpreter(ns.script, list(ns.script_args), ns.module)
-    if ns.module:
-        source_file = scripts.module_file(ns.script)
+    no_python = getattr(ns, "no_python", False)
+    if no_python:
+        ns.script = scripts.check_program(ns.script, ns.module)
+        source = ""
     else:
-        source_file = scripts.check_script(ns.script)
-    source = scripts.read_source(source_file) if source_file else ""
+        # horovodrun's command form: `-np 2 python train.py` (or `python -m pkg.mod`).
+        ns.script, ns.script_args, ns.module = scripts.strip_interpreter(ns.script, list(ns.script_args), ns.module)
+        if ns.module:
+            source_file = scripts.module_file(ns.script)
+        else:
+            source_file = scripts.check_script(ns.script)
+        source = scripts.read_source(source_file) if source_file else ""
     spelling = scripts.local_rank_spelling(source)
-    master_port = _script_rendezvous(ns, scripts.tcp_rendezvous(source), min_nodes != max_nodes)
+    master_port = _script_rendezvous(ns, scripts.tcp_rendezvous(source), ns.elastic)
     timeline = getattr(ns, "timeline", None)
     if timeline is not None:
         from ..timeline import check_target  # no torch: --help and argument errors stay fast
 
-        timeline = check_target(timeline, "--timeline")[0]
+        folder, name = check_target(timeline, "--timeline")
+        timeline = os.path.join(folder, f"{name}.json") if timeline.endswith(".json") else folder
+    environment = horovod_flags.environment(ns)[0]
     return Plan(
         nproc=nproc,
         nnodes=ns.nnodes,
         max_nodes=max_nodes,
-        elastic=min_nodes != max_nodes,
+        elastic=ns.elastic,
         node_rank=ns.node_rank,
         master_addr=ns.master_addr,
         master_port=master_port,
@@ -520,6 +470,13 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
         local_rank_arg=spelling,
         horovod=getattr(ns, "horovod", False),
         timeline=timeline,
+        rdzv_backend=ns.rdzv_backend,
+        rdzv_id=getattr(ns, "rdzv_id", None),
+        rdzv_conf=ns.rdzv_conf,
+        no_python=no_python,
+        torchrun=torchrun_flags.passthrough_values(ns),
+        environment=environment,
+        verbose=bool(getattr(ns, "verbose", False)),
     )
 
 
@@ -532,23 +489,27 @@ def torchrun_argv(plan: Plan, port: int) -> list[str]:
     from .rendezvous import BACKEND
 
     argv = ["--nnodes", plan.nnodes, "--nproc-per-node", plan.nproc, "--max-restarts", str(plan.max_restarts)]
+    bare = plan.master_addr.strip("[]")
+    host = f"[{bare}]" if ":" in bare else bare  # an IPv6 address goes in brackets
     if plan.elastic:
-        # Elastic membership needs the c10d rendezvous (torch/distributed/run.py, "Elastic").
-        # Once MIN nodes are in, it waits last_call_timeout (30 s by default) for more; keep
-        # that inside --timeout or every join would time out.
+        # Membership by rendezvous (torch/distributed/run.py, "Elastic"). Once MIN nodes are in, c10d
+        # waits last_call_timeout (30 s by default) for more; keep that inside --timeout or every join
+        # would time out. The user's --rdzv-conf wins.
         last_call = min(30, max(1, plan.timeout // 2))
-        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{plan.master_addr}:{port}",
-                 "--rdzv-id", f"ringtrain-{port}",
-                 "--rdzv-conf", f"join_timeout={plan.timeout},last_call_timeout={last_call}"]
+        conf = {"join_timeout": plan.timeout, "last_call_timeout": last_call, **plan.rdzv_conf}
+        argv += ["--rdzv-backend", plan.rdzv_backend or "c10d", "--rdzv-endpoint", f"{host}:{port}",
+                 "--rdzv-id", plan.rdzv_id or f"ringtrain-{port}"]
     else:
         # torchrun's static rendezvous (explicit node ranks, node 0 hosts the store, a bounded
         # wait for the other nodes), but with an empty store for each restart: rendezvous.py.
-        bare = plan.master_addr.strip("[]")
-        host = f"[{bare}]" if ":" in bare else bare  # an IPv6 address goes in brackets
-        argv += ["--rdzv-backend", BACKEND, "--rdzv-endpoint", f"{host}:{port}",
-                 "--rdzv-conf", f"rank={plan.node_rank},timeout={plan.timeout}"]
+        conf = {"timeout": plan.timeout, **plan.rdzv_conf, "rank": plan.node_rank}
+        argv += ["--rdzv-backend", BACKEND, "--rdzv-endpoint", f"{host}:{port}"]
+        if plan.rdzv_id:
+            argv += ["--rdzv-id", plan.rdzv_id]
+    argv += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items())]
     if plan.log_dir:
         argv += ["--log-dir", plan.log_dir]
+    argv += torchrun_flags.passthrough_argv(plan.torchrun)
     return argv + [WORKER]
 
 
@@ -564,11 +525,20 @@ def torchrun_args(plan: Plan, port: int):
     import torch.distributed.run as torchrun
 
     args = torchrun.parse_args(torchrun_argv(plan, port))
-    mode = "module" if plan.module else "path"
+    mode = "exec" if plan.no_python else "module" if plan.module else "path"
     # worker.py's arguments; this process (the agent) is the workers' parent.
     args.training_script_args = [*(["--horovod"] if plan.horovod else []), mode, plan.local_rank_arg or "none",
                                  str(os.getpid()), plan.target, *plan.target_args]
     return args
+
+
+def _say_plan(plan: Plan, args) -> None:
+    """horovodrun's --verbose: what starts, where the processes meet, the variables set for them."""
+    rendezvous = f"{args.rdzv_backend} at {args.rdzv_endpoint} ({'elastic' if plan.elastic else 'fixed nodes'})"
+    print(f"ringtrain run: node {plan.node_rank} of {plan.nnodes}, {plan.nproc} worker(s) running "
+          f"{' '.join([plan.target, *plan.target_args])}; rendezvous {rendezvous}", file=sys.stderr)
+    for key in sorted({**plan.environment, **({"RINGTRAIN_TIMELINE": plan.timeline} if plan.timeline else {})}):
+        print(f"ringtrain run:   {key}={os.environ[key]}", file=sys.stderr)
 
 
 def _rendezvous_failure(plan: Plan, port: int, error: BaseException) -> RingtrainError:
@@ -626,7 +596,10 @@ def execute(plan: Plan) -> int:
 
     if plan.timeline is not None:
         os.environ["RINGTRAIN_TIMELINE"] = plan.timeline  # a ring (or hvd.init) in each worker records there
+    os.environ.update(plan.environment)  # horovodrun's flags, as the variables it sets
     args = torchrun_args(plan, port)
+    if plan.verbose:
+        _say_plan(plan, args)
     # kill -USR1 on this process (ringtrain stacks): every rank prints its stack (stacks.py).
     requests = StackRequests((plan.master_addr, port), store)
     requests.install()
@@ -658,13 +631,19 @@ def execute(plan: Plan) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        ns = discovery.apply(horovod_flags.apply(ns))  # an elastic horovodrun line becomes a host list
+        for flag in horovod_flags.environment(ns)[1]:
+            print(f"ringtrain run: {flag} sets the HOROVOD_* variable horovodrun sets; ringtrain's Horovod does "
+                  "not read it (it tunes Horovod's C++ core).", file=sys.stderr)
+        if ns.hosts is not None or ns.hostfile is not None:
+            nodes = hosts.nodes_from_args(ns, plan_from_args, nnodes=ns.elastic_nnodes)
+            os.environ.update(horovod_flags.environment(ns)[0])  # every agent's workers (ssh: forwarded)
+    except RingtrainError as e:
+        print(f"ringtrain run: {e}", file=sys.stderr)
+        return 2
     if ns.hosts is not None or ns.hostfile is not None:
-        try:
-            nodes = hosts.nodes_from_args(ns, plan_from_args)
-        except RingtrainError as e:
-            print(f"ringtrain run: {e}", file=sys.stderr)
-            return 2
         return hosts.run_nodes(nodes)
     try:
         plan = plan_from_args(ns)
