@@ -55,7 +55,7 @@ MAPPED = (
     Flag(("--timeline-filename",), "timeline_filename",
          {"metavar": "FILE.json", "help": "= --timeline FILE.json (the merged trace's path)."}),
     Flag(("--no-stall-check",), "no_stall_check", {**_SWITCH, "help": "no stall reports (RINGTRAIN_STALL_WARNING=0)."}),
-    Flag(("--stall-check",), "stall_check", {**_SWITCH, "help": argparse.SUPPRESS}),
+    Flag(("--stall-check",), "stall_check", {**_SWITCH, "help": "stall reports on (the default)."}),
     Flag(("--stall-check-warning-time-seconds",), "stall_warning",
          {**_INT, "help": "seconds before a stall is reported (RINGTRAIN_STALL_WARNING; 60)."}),
 )

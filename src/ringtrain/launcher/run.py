@@ -51,12 +51,44 @@ and nothing to scripts that read ``LOCAL_RANK`` from the environment. (Plain tor
 passes nothing; torch.distributed.launch always passes ``--local-rank``, which breaks
 scripts declaring only ``--local_rank``: "unrecognized arguments: --local-rank=0".)
 
-Elastic jobs (``--nnodes MIN:MAX``) use torchrun's c10d rendezvous on
-``--master-addr:--master-port``; ``--node-rank`` is then ignored. The job starts once MIN
+Elastic jobs (``--nnodes MIN:MAX``, equal ends too: ``--nnodes 2:2``) use torchrun's c10d rendezvous on
+``--master-addr:--master-port`` (or ``--rdzv-endpoint``); ``--node-rank`` is then ignored: the
+rendezvous numbers the nodes, so every node runs the same command. The job starts once MIN
 nodes have joined and no more arrived for ``--timeout``/2 seconds (at most 30)::
 
     ringtrain run --nnodes 1:4 --nproc-per-node 8 --max-restarts 3 \\
         --master-addr 10.0.0.1 --master-port 29500 train.py
+
+torchrun's flags
+----------------
+
+Every flag of ``torchrun`` and ``python -m torch.distributed.launch`` (torch 2.13) is taken, in both
+spellings and with the abbreviations their parser takes (``--nnode=1`` for ``--nnodes``; an
+abbreviation of several flags, such as ``--nproc``, is refused), so a tutorial's command line runs with
+``torchrun`` replaced by ``ringtrain run``::
+
+    ringtrain run --standalone --nproc_per_node=2 multigpu_torchrun.py 50 10
+    ringtrain run --nnodes=2 --nproc_per_node=4 --rdzv_id=456 --rdzv_backend=c10d \\
+        --rdzv_endpoint=10.0.0.1:29603 multinode.py 50 10          # on every node
+    ringtrain run --nnode=1 --node_rank=0 --nproc_per_node=2 example.py
+
+* ``--standalone``: one node, a free port on this machine (what ringtrain does anyway with one node);
+  explicit rendezvous flags are ignored, as torchrun ignores them.
+* ``--rdzv-backend static`` (the default): fixed node ranks, the store on node 0;
+  ``--rdzv-endpoint HOST:PORT`` replaces ``--master-addr``/``--master-port``. ``c10d`` (or ``etcd``,
+  ``etcd-v2``): nodes join by rendezvous at ``--rdzv-endpoint`` (port 29400 when left out), as with
+  ``--nnodes MIN:MAX``. ``--rdzv-id`` is the job's id (``TORCHELASTIC_RUN_ID``); ``--rdzv-conf K=V,...``
+  goes to the rendezvous over ringtrain's settings (``join_timeout``, ``last_call_timeout``: from
+  ``--timeout``).
+* ``--monitor-interval``, ``--start-method``, ``--event-log-handler``, ``--role``, ``-r/--redirects``,
+  ``-t/--tee`` (with ``--log-dir``), ``--local-ranks-filter``, ``--duplicate-stdout-filters``,
+  ``--duplicate-stderr-filters``, ``--local-addr``, ``--logs-specs``, ``--numa-binding``,
+  ``--signals-to-handle`` (not SIGUSR1: ringtrain's stack request), ``--shutdown-timeout``,
+  ``--virtual-local-rank``: handed to torchrun's agent as given; they mean what torchrun says.
+* ``--no-python``: the target is a program (``--no-python bash train.sh``), executed in each worker as
+  it is; ``--run-path`` is what ringtrain's worker always does (``runpy.run_path``); ``--use-env`` changes
+  nothing (``LOCAL_RANK`` is always set, and ``--local_rank``/``--local-rank`` is passed only to scripts that
+  declare it).
 
 Horovod scripts
 ---------------
@@ -110,6 +142,41 @@ too, with or without ``--horovod``::
   ``--master-port`` (default 29500, or a free one when every host is this machine), open
   between the hosts. ``--gpus``,
   ``--max-restarts``, ``--timeout`` and ``--log-dir`` apply to every node.
+
+Every other flag of ``horovodrun`` (horovod 0.28.1) is taken too:
+
+* ``--gloo`` (what ringtrain runs: torch.distributed's Gloo, NCCL for GPU tensors), ``--disable-cache``
+  (nothing is cached), ``--tcp`` (``NCCL_IB_DISABLE=1``), ``--start-timeout S`` (= ``--timeout S``),
+  ``--network-interface(s)`` (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``), ``--timeline-filename
+  FILE.json`` (= ``--timeline FILE.json``), ``--no-stall-check`` / ``--stall-check-warning-time-seconds S``
+  (``RINGTRAIN_STALL_WARNING``), ``--reset-limit K`` (= ``--max-restarts K``), ``--verbose`` (prints the
+  rendezvous and the variables set), ``-v`` (versions); abbreviations as horovodrun's parser takes them
+  (``--slots 4`` for ``--slots-per-host 4``).
+* Horovod's tuning and logging knobs (``--fusion-threshold-mb``, ``--cycle-time-ms``, ``--autotune``,
+  ``--hierarchical-allreduce``, ``--log-level``, ...) set the ``HOROVOD_*`` variable horovodrun sets;
+  ringtrain's Horovod reads the fusion threshold and cycle time, and says so for the others, which tune
+  Horovod's C++ core.
+* Refused, each with a HINT: ``--mpi``, ``--jsrun``, ``--mpi-args``, ``--binding-args``,
+  ``--output-filename`` (use ``--log-dir DIR --tee 3``), ``--config-file``, ``--check-build``,
+  ``--blacklist-cooldown-range``, ``--prefix-output-with-timestamp``.
+
+Elastic Horovod (``--min-np``, ``--max-np``, ``--host-discovery-script``, ``--slots-per-host``,
+``--elastic-timeout``)::
+
+    ringtrain run --horovod -np 2 --min-np 1 --max-np 4 --host-discovery-script ./discover.sh \\
+        python pytorch_mnist_elastic.py
+
+The script prints the hosts, ``host`` or ``host:slots`` per line; it is asked (every second, up to
+``--start-timeout``, 30 s) until the hosts have ``-np`` slots. The job then runs ``-np`` processes or more,
+up to ``--max-np`` and the slots found, one node per host as with ``-H``, the nodes meeting in torchrun's
+elastic rendezvous. ``hvd.elastic.run`` recovers from a failed collective every process survives; a
+worker that dies restarts every worker (``--reset-limit``), and the script starts again from the top.
+A host the script starts to print while the job runs is not added to it.
+
+``horovod.run(fn, args=(), kwargs=None, np=N, ...)`` (Horovod's ``pytorch_mnist.py --num-proc 2``) runs
+``fn`` in N processes on this machine and returns their results, by rank. Outside ``ringtrain run``,
+``horovod`` is importable with ``python -m ringtrain.horovod pytorch_mnist.py --num-proc 2``, or
+``PYTHONPATH=$(python -m ringtrain.horovod --path) python pytorch_mnist.py --num-proc 2``.
 
 Restarts and resuming
 ---------------------
