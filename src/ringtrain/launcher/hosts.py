@@ -307,6 +307,7 @@ def agent_options(ns: argparse.Namespace) -> list:
     from .torchrun_flags import passthrough_argv, passthrough_values
 
     options = ["--horovod"] if ns.horovod else []
+    options += ["--verbose"] if getattr(ns, "verbose", None) else []
     for flag, value in (("--gpus", ns.gpus), ("--max-restarts", ns.max_restarts), ("--log-dir", ns.log_dir),
                         ("--timeout", ns.timeout), ("--timeline", getattr(ns, "timeline", None)),
                         ("--rdzv-conf", getattr(ns, "rdzv_conf", None) or None)):
