@@ -1,3 +1,3 @@
-"""``horovod.runner`` -> ``ringtrain.horovod.runner``: ``run`` (the function launcher)."""
+"""``horovod.runner`` -> ``ringtrain.launcher.horovod_run``: ``run`` (the function launcher)."""
 
-from ringtrain.horovod.runner import run  # noqa: F401
+from ringtrain.launcher.horovod_run import run  # noqa: F401

@@ -2,7 +2,8 @@
 
 Horovod's ``pytorch_mnist.py --num-proc 2`` calls ``horovod.run(main, args=(args,), np=2, hosts=...,
 use_gloo=..., use_mpi=...)``: ``main(*args, **kwargs)`` runs in ``np`` processes and the list of their return
-values comes back, indexed by rank. Here the processes are started on this machine by ``ringtrain.launch``
+values comes back, indexed by rank. The ``horovod`` alias package (ringtrain/horovod/_alias) exports it as
+``horovod.run``; ringtrain.horovod itself imports nothing of the launcher. Here the processes are started on this machine by ``ringtrain.launch``
 (its environment contract, so ``hvd.init()`` finds its rank; failures named by rank, the others stopped).
 
 Taken as Horovod takes them: ``num_proc``/``np``, ``hosts`` or ``hostfile`` naming only this machine (with
@@ -20,6 +21,7 @@ import os
 import warnings
 
 from ..errors import RingtrainError
+from . import hosts as hostlist
 
 _SCRIPT_HINT = ("start the script's training function with `ringtrain run --horovod -np N [-H hosts] "
                 "[--min-np ... --host-discovery-script ...] script.py` instead (horovodrun's command line).")
@@ -37,8 +39,6 @@ def _slots_here(hosts: str | None, hostfile: str | None) -> int | None:
     """The slots the host list gives this machine; refuses other machines."""
     if hosts is None and hostfile is None:
         return None
-    from ..launcher import hosts as hostlist
-
     listed = hostlist.parse_host_list(hosts) if hosts is not None else hostlist.read_hostfile(hostfile)
     names = hostlist.local_names()
     away = [h.name for h in listed if not hostlist.is_local(h.name, names)]
@@ -80,6 +80,6 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
         os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = names  # the children inherit them
     if verbose:
         print(f"horovod.run: {num_proc} process(es) on this machine (ringtrain.launch)", flush=True)
-    from ..launcher.spawn import launch
+    from .spawn import launch  # imports torch
 
     return launch(functools.partial(func, **(kwargs or {})), num_proc, tuple(args))

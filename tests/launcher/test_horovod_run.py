@@ -1,4 +1,4 @@
-"""``horovod.run`` (ringtrain/horovod/runner.py): what it refuses, before any process starts. A real run is in
+"""``horovod.run`` (ringtrain/launcher/horovod_run.py): what it refuses, before any process starts. A real run is in
 tests/clients/test_clients.py (Horovod's pytorch_mnist.py --num-proc 2)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ringtrain.errors import RingtrainError
-from ringtrain.horovod.runner import run
+from ringtrain.launcher.horovod_run import run
 
 
 def never(*args):
@@ -51,3 +51,14 @@ def test_the_alias_exports_it():
     finally:
         sys.path.remove(alias)
 
+
+
+def test_python_m_ringtrain_horovod(capsys, tmp_path):
+    from ringtrain.horovod import __main__ as entry
+
+    entry.main(["--path"])
+    assert capsys.readouterr().out.strip() == entry.ALIAS
+    for argv, words in (([], "HINT: give the Horovod script"), ([str(tmp_path / "nope.py")], "is not a file")):
+        with pytest.raises(SystemExit) as exit_info:
+            entry.main(argv)
+        assert words in str(exit_info.value.code)
