@@ -119,6 +119,23 @@ def test_every_torch_option_means_what_it_means_to_torch(option, tmp_path):
         assert MEANING[action.dest](plan, ours, theirs), (option, plan)
 
 
+@pytest.mark.parametrize("action", [a for a in dict.fromkeys(options(torch_parser()).values())
+                                    if type(a).__name__ in ("env", "check_env")], ids=lambda a: a.dest)
+def test_torchruns_pet_variables_stand_for_their_flags(action, tmp_path, monkeypatch):
+    """torchrun reads a left-out flag from PET_<DEST> (Kubeflow's PyTorchJob sets PET_NNODES, ...): so does
+    ringtrain run, with the same meaning."""
+    assert action.dest in (*flags.PET_SWITCHES, *flags.PET_VALUES)
+    value = SAMPLES[action.dest].replace("LOGS", str(tmp_path)) if takes_value(action) else "1"
+    monkeypatch.setenv(f"PET_{action.dest.upper()}", value)
+    target = [{"no_python": sys.executable, "module": "timeit"}.get(action.dest, _script(tmp_path))]
+    plan = _plan(target)
+    ours, theirs = run.torchrun_args(plan, PORT), torch_parser().parse_args(target)
+    if action.dest in torchrun_flags.PASS_THROUGH_DESTS:
+        assert getattr(ours, action.dest) == getattr(theirs, action.dest)
+    else:
+        assert MEANING[action.dest](plan, ours, theirs), plan
+
+
 def _torch_outcome(parser, word: str, action) -> str | None:
     """The option torch's parser takes ``word`` for (None: it refuses it)."""
     argv = [word, SAMPLES.get(action.dest, "1")] if takes_value(action) else [word]

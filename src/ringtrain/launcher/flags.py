@@ -8,6 +8,7 @@ No torch import: ``--help`` and argument errors stay fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import RingtrainError
@@ -36,6 +37,25 @@ TORCHRUN_OPTIONS = (
     "--shutdown-timeout", "--shutdown_timeout", "--virtual-local-rank", "--virtual_local_rank",
 )
 LAUNCH_OPTIONS = (*TORCHRUN_OPTIONS, "--use-env", "--use_env")
+# The options torchrun also reads from PET_<DEST> (torch/distributed/argparse_util.py `env` and `check_env`):
+# a flag left out takes the variable's value (Kubeflow's PyTorchJob sets PET_NNODES, PET_NODE_RANK, ...).
+PET_SWITCHES = ("standalone", "module", "no_python", "run_path", "virtual_local_rank")
+PET_VALUES = ("nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "max_restarts",
+              "monitor_interval", "start_method", "event_log_handler", "role", "log_dir", "redirects", "tee",
+              "local_ranks_filter", "duplicate_stdout_filters", "duplicate_stderr_filters", "node_rank",
+              "master_addr", "master_port", "local_addr", "signals_to_handle", "shutdown_timeout")
+
+
+def _pet_default(flag: Flag) -> dict:
+    """``flag.kwargs`` with torchrun's PET_<DEST> variable as the default, where torchrun reads one."""
+    value = os.environ.get(f"PET_{flag.dest.upper()}")
+    if value is None:
+        return flag.kwargs
+    if flag.dest in PET_SWITCHES:
+        return {**flag.kwargs, "default": value.strip() not in ("", "0")}  # check_env: int(value) != 0
+    if flag.dest in PET_VALUES:
+        return {**flag.kwargs, "default": value}  # argparse applies the flag's type to a text default
+    return flag.kwargs
 
 
 class RunParser(HintingParser):
@@ -79,7 +99,7 @@ def build_parser(manual: str) -> argparse.ArgumentParser:
         # --help so the option list stays readable.
         shown = [s for s in flag.strings if "_" not in s]
         hidden = [s for s in flag.strings if "_" in s]
-        action = group.add_argument(*shown, dest=flag.dest, **flag.kwargs)
+        action = group.add_argument(*shown, dest=flag.dest, **_pet_default(flag))
         takes.update(dict.fromkeys(shown, _takes(action)))
         if hidden:
             alias = {k: v for k, v in flag.kwargs.items() if k not in ("help", "default")}

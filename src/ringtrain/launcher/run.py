@@ -89,6 +89,9 @@ abbreviation of several flags, such as ``--nproc``, is refused), so a tutorial's
   it is; ``--run-path`` is what ringtrain's worker always does (``runpy.run_path``); ``--use-env`` changes
   nothing (``LOCAL_RANK`` is always set, and ``--local_rank``/``--local-rank`` is passed only to scripts that
   declare it).
+* A flag left out is read from ``PET_<NAME>`` where torchrun reads one (``PET_NNODES``,
+  ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ``PET_RDZV_ENDPOINT``, ...: what
+  Kubeflow's PyTorchJob sets), so ``ringtrain run train.py`` takes torchrun's place there too.
 
 Horovod scripts
 ---------------
@@ -707,6 +710,8 @@ def main(argv: list[str] | None = None) -> int:
         if ns.hosts is not None or ns.hostfile is not None:
             nodes = hosts.nodes_from_args(ns, plan_from_args, nnodes=ns.elastic_nnodes)
             os.environ.update(horovod_flags.environment(ns)[0])  # every agent's workers (ssh: forwarded)
+            for name in [name for name in os.environ if name.startswith("PET_")]:
+                del os.environ[name]  # read here already: the agents get their place as flags, nothing else
     except RingtrainError as e:
         print(f"ringtrain run: {e}", file=sys.stderr)
         return 2
