@@ -82,3 +82,18 @@ def test_no_python_executes_a_program(tmp_path):
         run.plan_from_args(run.build_parser().parse_args(["--no-python", str(tmp_path / "nothing.sh")]))
     with pytest.raises(RingtrainError, match="--no-python with -m"):
         run.plan_from_args(run.build_parser().parse_args(["--no-python", "-m", "timeit"]))
+
+
+@pytest.mark.timeout(200)
+def test_a_program_runs_with_its_output_teed_into_the_log_dir(tmp_path):
+    # torchrun --no-python --tee 3 --log-dir DIR --nproc-per-node 2 sh -c '...': a shell, not Python
+    from _launch_util import outputs, run_ringtrain
+
+    logs = tmp_path / "logs"
+    proc = run_ringtrain("run", "--no-python", "--tee", "3", "--log-dir", str(logs), "--nproc-per-node", "2",
+                         "sh", "-c", 'echo "RESULT rank=$RANK world=$WORLD_SIZE"', timeout=150)
+    assert proc.returncode == 0, outputs(proc)
+    shown = sorted(line for line in proc.stdout.splitlines() if "RESULT" in line)
+    assert shown == ["[default0]:RESULT rank=0 world=2", "[default1]:RESULT rank=1 world=2"], outputs(proc)  # as torchrun
+    teed = sorted(p.read_text().strip() for p in logs.rglob("stdout.log"))
+    assert teed == ["RESULT rank=0 world=2", "RESULT rank=1 world=2"], list(logs.rglob("*"))
