@@ -254,9 +254,10 @@ def forwarded_environment(environ: Mapping) -> dict:
             if k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES)}
 
 
-def agent_argv(python: str, node_rank: int, nnodes: int, nproc: int, master_addr: str, master_port: int,
+def agent_argv(python: str, node_rank: int, nnodes: int | str, nproc: int, master_addr: str, master_port: int,
                options: Sequence, target: Sequence) -> list:
-    """``python -m ringtrain run`` for one node: its place in the job, then ``options`` and the target."""
+    """``python -m ringtrain run`` for one node: its place in the job, then ``options`` and the target.
+    ``nnodes`` is a count, or ``MIN:MAX`` for nodes that meet in the elastic rendezvous."""
     return [python, "-m", "ringtrain", "run", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
             "--master-addr", master_addr, "--master-port", str(master_port), "--nproc-per-node", str(nproc),
             *options, *target]
@@ -279,8 +280,10 @@ def ssh_argv(host: str, cwd: str, env: Mapping, argv: Sequence, *, port: int | N
 
 def plan_nodes(hosts: Sequence, *, master_addr: str | None, master_port: int, options: Sequence,
                target: Sequence, python: str, cwd: str, environ: Mapping, names: set | None = None,
-               ssh_port: int | None = None, ssh_identity_file: str | None = None) -> list:
-    """One Node per assigned host: a local agent, or the same agent started over ssh."""
+               ssh_port: int | None = None, ssh_identity_file: str | None = None,
+               nnodes: str | None = None) -> list:
+    """One Node per assigned host: a local agent, or the same agent started over ssh (``nnodes``: MIN:MAX for
+    an elastic job, else the number of hosts)."""
     names = local_names() if names is None else names
     local = [is_local(h.name, names) for h in hosts]
     draft = [Node(h.name, i, h.slots, loc, []) for i, (h, loc) in enumerate(zip(hosts, local))]
@@ -288,7 +291,7 @@ def plan_nodes(hosts: Sequence, *, master_addr: str | None, master_port: int, op
     env = forwarded_environment(environ)
     nodes = []
     for node in draft:
-        argv = agent_argv(python, node.rank, len(draft), node.nproc, addr, master_port, options, target)
+        argv = agent_argv(python, node.rank, nnodes or len(draft), node.nproc, addr, master_port, options, target)
         if not node.local:
             argv = ssh_argv(node.host, cwd, env, argv, port=ssh_port, identity_file=ssh_identity_file)
         nodes.append(Node(node.host, node.rank, node.nproc, node.local, argv))
@@ -301,12 +304,16 @@ def plan_nodes(hosts: Sequence, *, master_addr: str | None, master_port: int, op
 
 def agent_options(ns: argparse.Namespace) -> list:
     """The options every node's agent gets from a -H/--hostfile command (the rest is per node)."""
+    from .torchrun_flags import passthrough_argv, passthrough_values
+
     options = ["--horovod"] if ns.horovod else []
+    options += ["--verbose"] if getattr(ns, "verbose", None) else []
     for flag, value in (("--gpus", ns.gpus), ("--max-restarts", ns.max_restarts), ("--log-dir", ns.log_dir),
-                        ("--timeout", ns.timeout), ("--timeline", getattr(ns, "timeline", None))):
+                        ("--timeout", ns.timeout), ("--timeline", getattr(ns, "timeline", None)),
+                        ("--rdzv-conf", getattr(ns, "rdzv_conf", None) or None)):
         if value is not None:
             options += [flag, str(value)]
-    return options
+    return options + passthrough_argv(passthrough_values(ns))  # torchrun's own flags, for every agent
 
 
 def _free_loopback_port() -> int:
@@ -315,7 +322,7 @@ def _free_loopback_port() -> int:
 
 
 def nodes_from_args(ns: argparse.Namespace, check: Callable, *, environ: Mapping | None = None,
-                    names: set | None = None) -> list:
+                    names: set | None = None, nnodes: str | None = None) -> list:
     """``ringtrain run -H/--hostfile ...``: validate all of it here, then one Node per host.
 
     ``check`` is run.py's ``plan_from_args``: each node's command line is checked before
@@ -332,7 +339,7 @@ def nodes_from_args(ns: argparse.Namespace, check: Callable, *, environ: Mapping
     assigned = assign(listed, ns.np)
     for host in assigned:
         check(argparse.Namespace(**{**vars(ns), "np": None, "nproc_per_node": str(host.slots),
-                                    "nnodes": str(len(assigned)), "node_rank": 0}))
+                                    "nnodes": nnodes or str(len(assigned)), "node_rank": 0}))
     names = local_names() if names is None else names
     port = ns.master_port
     if port is None:
@@ -347,7 +354,7 @@ def nodes_from_args(ns: argparse.Namespace, check: Callable, *, environ: Mapping
         assigned, master_addr=ns.master_addr, master_port=port, options=agent_options(ns),
         target=[*target, *ns.script_args], python=sys.executable, cwd=os.getcwd(),
         environ=os.environ if environ is None else environ, names=names,
-        ssh_port=ssh_port, ssh_identity_file=identity,
+        ssh_port=ssh_port, ssh_identity_file=identity, nnodes=nnodes,
     )
 
 

@@ -51,12 +51,47 @@ and nothing to scripts that read ``LOCAL_RANK`` from the environment. (Plain tor
 passes nothing; torch.distributed.launch always passes ``--local-rank``, which breaks
 scripts declaring only ``--local_rank``: "unrecognized arguments: --local-rank=0".)
 
-Elastic jobs (``--nnodes MIN:MAX``) use torchrun's c10d rendezvous on
-``--master-addr:--master-port``; ``--node-rank`` is then ignored. The job starts once MIN
+Elastic jobs (``--nnodes MIN:MAX``, equal ends too: ``--nnodes 2:2``) use torchrun's c10d rendezvous on
+``--master-addr:--master-port`` (or ``--rdzv-endpoint``); ``--node-rank`` is then ignored: the
+rendezvous numbers the nodes, so every node runs the same command. The job starts once MIN
 nodes have joined and no more arrived for ``--timeout``/2 seconds (at most 30)::
 
     ringtrain run --nnodes 1:4 --nproc-per-node 8 --max-restarts 3 \\
         --master-addr 10.0.0.1 --master-port 29500 train.py
+
+torchrun's flags
+----------------
+
+Every flag of ``torchrun`` and ``python -m torch.distributed.launch`` (torch 2.13) is taken, in both
+spellings and with the abbreviations their parser takes (``--nnode=1`` for ``--nnodes``; an
+abbreviation of several flags, such as ``--nproc``, is refused), so a tutorial's command line runs with
+``torchrun`` replaced by ``ringtrain run``::
+
+    ringtrain run --standalone --nproc_per_node=2 multigpu_torchrun.py 50 10
+    ringtrain run --nnodes=2 --nproc_per_node=4 --rdzv_id=456 --rdzv_backend=c10d \\
+        --rdzv_endpoint=10.0.0.1:29603 multinode.py 50 10          # on every node
+    ringtrain run --nnode=1 --node_rank=0 --nproc_per_node=2 example.py
+
+* ``--standalone``: one node, a free port on this machine (what ringtrain does anyway with one node);
+  explicit rendezvous flags are ignored, as torchrun ignores them.
+* ``--rdzv-backend static`` (the default): fixed node ranks, the store on node 0;
+  ``--rdzv-endpoint HOST:PORT`` replaces ``--master-addr``/``--master-port``. ``c10d`` (or ``etcd``,
+  ``etcd-v2``): nodes join by rendezvous at ``--rdzv-endpoint`` (port 29400 when left out), as with
+  ``--nnodes MIN:MAX``. ``--rdzv-id`` is the job's id (``TORCHELASTIC_RUN_ID``); ``--rdzv-conf K=V,...``
+  goes to the rendezvous over ringtrain's settings (``join_timeout``, ``last_call_timeout``: from
+  ``--timeout``).
+* ``--monitor-interval``, ``--start-method``, ``--event-log-handler``, ``--role``, ``-r/--redirects``,
+  ``-t/--tee`` (with ``--log-dir``), ``--local-ranks-filter``, ``--duplicate-stdout-filters``,
+  ``--duplicate-stderr-filters``, ``--local-addr``, ``--logs-specs``, ``--numa-binding``,
+  ``--signals-to-handle`` (not SIGUSR1: ringtrain's stack request), ``--shutdown-timeout``,
+  ``--virtual-local-rank``: handed to torchrun's agent as given; they mean what torchrun says.
+* ``--no-python``: the target is a program (``--no-python bash train.sh``), executed in each worker as
+  it is; ``--run-path`` is what ringtrain's worker always does (``runpy.run_path``); ``--use-env`` changes
+  nothing (``LOCAL_RANK`` is always set, and ``--local_rank``/``--local-rank`` is passed only to scripts that
+  declare it).
+* A flag left out is read from ``PET_<NAME>`` where torchrun reads one (``PET_NNODES``,
+  ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ``PET_RDZV_ENDPOINT``, ...: what
+  Kubeflow's PyTorchJob sets), so ``ringtrain run train.py`` takes torchrun's place there too.
 
 Horovod scripts
 ---------------
@@ -110,6 +145,41 @@ too, with or without ``--horovod``::
   ``--master-port`` (default 29500, or a free one when every host is this machine), open
   between the hosts. ``--gpus``,
   ``--max-restarts``, ``--timeout`` and ``--log-dir`` apply to every node.
+
+Every other flag of ``horovodrun`` (horovod 0.28.1) is taken too:
+
+* ``--gloo`` (what ringtrain runs: torch.distributed's Gloo, NCCL for GPU tensors), ``--disable-cache``
+  (nothing is cached), ``--tcp`` (``NCCL_IB_DISABLE=1``), ``--start-timeout S`` (= ``--timeout S``),
+  ``--network-interface(s)`` (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``), ``--timeline-filename
+  FILE.json`` (= ``--timeline FILE.json``), ``--no-stall-check`` / ``--stall-check-warning-time-seconds S``
+  (``RINGTRAIN_STALL_WARNING``), ``--reset-limit K`` (= ``--max-restarts K``), ``--verbose`` (prints the
+  rendezvous and the variables set), ``-v`` (versions); abbreviations as horovodrun's parser takes them
+  (``--slots 4`` for ``--slots-per-host 4``).
+* Horovod's tuning and logging knobs (``--fusion-threshold-mb``, ``--cycle-time-ms``, ``--autotune``,
+  ``--hierarchical-allreduce``, ``--log-level``, ...) set the ``HOROVOD_*`` variable horovodrun sets;
+  ringtrain's Horovod reads the fusion threshold and cycle time, and says so for the others, which tune
+  Horovod's C++ core.
+* Refused, each with a HINT: ``--mpi``, ``--jsrun``, ``--mpi-args``, ``--binding-args``,
+  ``--output-filename`` (use ``--log-dir DIR --tee 3``), ``--config-file``, ``--check-build``,
+  ``--blacklist-cooldown-range``, ``--prefix-output-with-timestamp``.
+
+Elastic Horovod (``--min-np``, ``--max-np``, ``--host-discovery-script``, ``--slots-per-host``,
+``--elastic-timeout``)::
+
+    ringtrain run --horovod -np 2 --min-np 1 --max-np 4 --host-discovery-script ./discover.sh \\
+        python pytorch_mnist_elastic.py
+
+The script prints the hosts, ``host`` or ``host:slots`` per line; it is asked (every second, up to
+``--start-timeout``, 30 s) until the hosts have ``-np`` slots. The job then runs ``-np`` processes or more,
+up to ``--max-np`` and the slots found, one node per host as with ``-H``, the nodes meeting in torchrun's
+elastic rendezvous. ``hvd.elastic.run`` recovers from a failed collective every process survives; a
+worker that dies restarts every worker (``--reset-limit``), and the script starts again from the top.
+A host the script starts to print while the job runs is not added to it.
+
+``horovod.run(fn, args=(), kwargs=None, np=N, ...)`` (Horovod's ``pytorch_mnist.py --num-proc 2``) runs
+``fn`` in N processes on this machine and returns their results, by rank. Outside ``ringtrain run``,
+``horovod`` is importable with ``python -m ringtrain.horovod pytorch_mnist.py --num-proc 2``, or
+``PYTHONPATH=$(python -m ringtrain.horovod --path) python pytorch_mnist.py --num-proc 2``.
 
 Restarts and resuming
 ---------------------
@@ -274,80 +344,16 @@ import sys
 from dataclasses import dataclass, field
 
 from ..errors import RingtrainError
-from .cli import HintingParser
-from . import hosts, scripts
+from . import discovery, flags, horovod_flags, hosts, scripts, torchrun_flags
+from .flags import DEFAULT_TIMEOUT, NPROC_WORDS
 from .hosts import TORCHRUN_DEFAULT_PORT
 from .ports import LOOPBACK, is_loopback
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
-NPROC_WORDS = ("auto", "gpu", "cpu")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    summary, _, manual = __doc__.partition("\n\n")
-    parser = HintingParser(
-        prog="ringtrain run",
-        usage="%(prog)s [options] script.py [script args ...]\n"
-        "       %(prog)s [options] -m package.module [module args ...]",
-        description=summary.replace("ringtrain run: ", "", 1)
-        + "\nOptions also accept underscores (--nproc_per_node), like torchrun.",
-        epilog=manual,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,  # `--nproc 2` must be an error, not a silent guess
-    )
-    def add(flag: str, **kw) -> None:
-        # Both spellings, like torchrun (DESIGN.md, principle 7); the underscore one is
-        # accepted but kept out of --help so the option list stays readable.
-        parser.add_argument(flag, **kw)
-        if "_" not in flag and flag.count("-") > 2:
-            alias = {k: v for k, v in kw.items() if k in ("type", "metavar")}
-            parser.add_argument("--" + flag[2:].replace("-", "_"), dest=flag[2:].replace("-", "_"),
-                                default=argparse.SUPPRESS, help=argparse.SUPPRESS, **alias)
-
-    add("--nproc-per-node", default=None, metavar="N|auto|gpu|cpu",
-        help="workers on this node: a number, 'gpu' (one per GPU), 'cpu' (one per CPU core), "
-        "or 'auto' (GPUs if any, else CPU cores). Default: 1.")
-    add("--nnodes", default=None, metavar="N|MIN:MAX", help="number of nodes (MIN:MAX for an elastic job). Default: 1.")
-    add("--node-rank", type=int, default=None, metavar="R", help="rank of this node, 0..nnodes-1. Default: 0.")
-    add("--master-addr", default=None, metavar="ADDR",
-        help="address of node 0, reachable from every node. Default: 127.0.0.1 (one machine); "
-        "with -H/--hostfile, the first host's name.")
-    add("--master-port", type=int, default=None, metavar="PORT",
-        help="rendezvous port on node 0, the same on every node. Default: a free port on a single "
-        f"node, {TORCHRUN_DEFAULT_PORT} with several nodes (as torchrun).")
-    add("--gpus", default=None, metavar="I,J,...",
-        help="GPUs the workers may use (sets CUDA_VISIBLE_DEVICES); with --nproc-per-node gpu or "
-        "auto, one worker per listed GPU.")
-    add("--max-restarts", type=int, default=0, metavar="K",
-        help="restart this node's workers up to K times after a failure. Default: 0.")
-    add("--log-dir", default=None, metavar="DIR",
-        help="directory for torchelastic's per-run logs and error files. Default: a temporary directory.")
-    parser.add_argument("--use-env", "--use_env", action="store_true", default=False,
-                        help="accepted and ignored, as torchrun does: workers always get LOCAL_RANK in their environment.")
-    add("--timeout", type=int, default=300, metavar="SECONDS",
-        help="how long nodes wait for each other to join the rendezvous. Default: 300.")
-    add("--timeline", default=None, metavar="DIR",
-        help="record every rank's steps (data, forward, backward, each gradient bucket's all-reduce, optimizer, "
-        "checkpoint, collectives) into DIR/timeline.json (Perfetto / chrome://tracing) and DIR/timeline.png "
-        "(see \"Seeing where a step goes\" below). Sets RINGTRAIN_TIMELINE=DIR for the workers.")
-    horovod = parser.add_argument_group("Horovod scripts and horovodrun-style flags (see \"Horovod scripts\" below)")
-    horovod.add_argument("--horovod", action="store_true",
-                         help="let workers `import horovod.torch` (ringtrain's) and give them the HOROVOD_* variables.")
-    horovod.add_argument("-np", "--num-proc", dest="np", type=int, default=None, metavar="N",
-                         help="total number of processes; alone, the same as --nproc-per-node N.")
-    horovod.add_argument("-H", "--hosts", default=None, metavar="HOST:N,...",
-                         help="hosts and their slots, node 0 first, e.g. node1:4,node2:4 (local names start here, "
-                         "others over ssh).")
-    horovod.add_argument("--hostfile", default=None, metavar="FILE",
-                         help="like -H, from a file of `host slots=N` lines.")
-    horovod.add_argument("--ssh-port", "--ssh_port", dest="ssh_port", type=int, default=None, metavar="PORT",
-                         help="the port of the hosts' sshd, for hosts started over ssh (ssh -p). Default: ssh's.")
-    horovod.add_argument("--ssh-identity-file", "--ssh_identity_file", dest="ssh_identity_file", default=None,
-                         metavar="FILE", help="the private key for hosts started over ssh (ssh -i). Default: ssh's.")
-    parser.add_argument("-m", "--module", action="store_true", help="the target is a module name, run like `python -m`.")
-    parser.add_argument("script", metavar="script.py", help="the training script (or module, with -m).")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    return parser
+    return flags.build_parser(__doc__)
 
 
 @dataclass
@@ -370,7 +376,14 @@ class Plan:
     target_args: list[str] = field(default_factory=list)
     local_rank_arg: str | None = None  # "--local_rank" / "--local-rank" if the script declares it
     horovod: bool = False  # workers get the `horovod` alias and HOROVOD_* (worker.py --horovod)
-    timeline: str | None = None  # the folder of --timeline (checked), merged here after the job
+    timeline: str | None = None  # --timeline's folder, or FILE.json (checked), merged here after the job
+    rdzv_backend: str | None = None  # an elastic job's torchrun backend (c10d, etcd...); None: ringtrain's static one
+    rdzv_id: str | None = None  # --rdzv-id: the run id (TORCHELASTIC_RUN_ID)
+    rdzv_conf: dict = field(default_factory=dict)  # --rdzv-conf, over ringtrain's defaults
+    no_python: bool = False  # --no-python: the target is a program, executed as it is
+    torchrun: dict = field(default_factory=dict)  # torchrun's flags passed to its agent as given (torchrun_flags.py)
+    environment: dict = field(default_factory=dict)  # variables for the workers from horovodrun's flags
+    verbose: bool = False  # horovodrun's --verbose: say what is started
 
 
 def _parse_gpus(text: str) -> list[int]:
@@ -472,13 +485,13 @@ def _script_rendezvous(ns: argparse.Namespace, tcp: tuple[str, int] | None, elas
 
 def plan_from_args(ns: argparse.Namespace) -> Plan:
     """Validate the command line. Raises RingtrainError (exit code 2) before anything starts."""
-    ns = argparse.Namespace(**vars(ns))
-    for name, default in (("nnodes", "1"), ("node_rank", 0), ("master_addr", LOOPBACK)):
+    ns = torchrun_flags.apply(horovod_flags.apply(ns))  # the tools' flags in ringtrain's terms
+    for name, default in (("nnodes", "1"), ("node_rank", 0), ("master_addr", LOOPBACK), ("timeout", DEFAULT_TIMEOUT)):
         if getattr(ns, name, None) is None:
             setattr(ns, name, default)
     gpus = _parse_gpus(ns.gpus) if ns.gpus is not None else None
     nproc = _resolve_nproc(_nproc_text(ns), gpus)
-    min_nodes, max_nodes = _parse_nnodes(ns.nnodes)
+    _, max_nodes = _parse_nnodes(ns.nnodes)
     if not 0 <= ns.node_rank < max_nodes:
         raise RingtrainError(
             f"--node-rank {ns.node_rank} with --nnodes {ns.nnodes}: node ranks are 0..{max_nodes - 1}",
@@ -490,25 +503,32 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
         raise RingtrainError(f"--timeout {ns.timeout}: must be at least 1 second", "e.g. --timeout 300.")
     if ns.max_restarts < 0:
         raise RingtrainError(f"--max-restarts {ns.max_restarts} is negative", "use 0 (no restarts) or more.")
-    # horovodrun's command form: `-np 2 python train.py` (or `python -m pkg.mod`).
-    ns.script, ns.script_args, ns.module = scripts.strip_interpreter(ns.script, list(ns.script_args), ns.module)
-    if ns.module:
-        source_file = scripts.module_file(ns.script)
+    no_python = getattr(ns, "no_python", False)
+    if no_python:
+        ns.script = scripts.check_program(ns.script, ns.module)
+        source = ""
     else:
-        source_file = scripts.check_script(ns.script)
-    source = scripts.read_source(source_file) if source_file else ""
+        # horovodrun's command form: `-np 2 python train.py` (or `python -m pkg.mod`).
+        ns.script, ns.script_args, ns.module = scripts.strip_interpreter(ns.script, list(ns.script_args), ns.module)
+        if ns.module:
+            source_file = scripts.module_file(ns.script)
+        else:
+            source_file = scripts.check_script(ns.script)
+        source = scripts.read_source(source_file) if source_file else ""
     spelling = scripts.local_rank_spelling(source)
-    master_port = _script_rendezvous(ns, scripts.tcp_rendezvous(source), min_nodes != max_nodes)
+    master_port = _script_rendezvous(ns, scripts.tcp_rendezvous(source), ns.elastic)
     timeline = getattr(ns, "timeline", None)
     if timeline is not None:
         from ..timeline import check_target  # no torch: --help and argument errors stay fast
 
-        timeline = check_target(timeline, "--timeline")[0]
+        folder, name = check_target(timeline, "--timeline")
+        timeline = os.path.join(folder, f"{name}.json") if timeline.endswith(".json") else folder
+    environment = horovod_flags.environment(ns)[0]
     return Plan(
         nproc=nproc,
         nnodes=ns.nnodes,
         max_nodes=max_nodes,
-        elastic=min_nodes != max_nodes,
+        elastic=ns.elastic,
         node_rank=ns.node_rank,
         master_addr=ns.master_addr,
         master_port=master_port,
@@ -522,6 +542,13 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
         local_rank_arg=spelling,
         horovod=getattr(ns, "horovod", False),
         timeline=timeline,
+        rdzv_backend=ns.rdzv_backend,
+        rdzv_id=getattr(ns, "rdzv_id", None),
+        rdzv_conf=ns.rdzv_conf,
+        no_python=no_python,
+        torchrun=torchrun_flags.passthrough_values(ns),
+        environment=environment,
+        verbose=bool(getattr(ns, "verbose", False)),
     )
 
 
@@ -534,23 +561,27 @@ def torchrun_argv(plan: Plan, port: int) -> list[str]:
     from .rendezvous import BACKEND
 
     argv = ["--nnodes", plan.nnodes, "--nproc-per-node", plan.nproc, "--max-restarts", str(plan.max_restarts)]
+    bare = plan.master_addr.strip("[]")
+    host = f"[{bare}]" if ":" in bare else bare  # an IPv6 address goes in brackets
     if plan.elastic:
-        # Elastic membership needs the c10d rendezvous (torch/distributed/run.py, "Elastic").
-        # Once MIN nodes are in, it waits last_call_timeout (30 s by default) for more; keep
-        # that inside --timeout or every join would time out.
+        # Membership by rendezvous (torch/distributed/run.py, "Elastic"). Once MIN nodes are in, c10d
+        # waits last_call_timeout (30 s by default) for more; keep that inside --timeout or every join
+        # would time out. The user's --rdzv-conf wins.
         last_call = min(30, max(1, plan.timeout // 2))
-        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{plan.master_addr}:{port}",
-                 "--rdzv-id", f"ringtrain-{port}",
-                 "--rdzv-conf", f"join_timeout={plan.timeout},last_call_timeout={last_call}"]
+        conf = {"join_timeout": plan.timeout, "last_call_timeout": last_call, **plan.rdzv_conf}
+        argv += ["--rdzv-backend", plan.rdzv_backend or "c10d", "--rdzv-endpoint", f"{host}:{port}",
+                 "--rdzv-id", plan.rdzv_id or f"ringtrain-{port}"]
     else:
         # torchrun's static rendezvous (explicit node ranks, node 0 hosts the store, a bounded
         # wait for the other nodes), but with an empty store for each restart: rendezvous.py.
-        bare = plan.master_addr.strip("[]")
-        host = f"[{bare}]" if ":" in bare else bare  # an IPv6 address goes in brackets
-        argv += ["--rdzv-backend", BACKEND, "--rdzv-endpoint", f"{host}:{port}",
-                 "--rdzv-conf", f"rank={plan.node_rank},timeout={plan.timeout}"]
+        conf = {"timeout": plan.timeout, **plan.rdzv_conf, "rank": plan.node_rank}
+        argv += ["--rdzv-backend", BACKEND, "--rdzv-endpoint", f"{host}:{port}"]
+        if plan.rdzv_id:
+            argv += ["--rdzv-id", plan.rdzv_id]
+    argv += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items())]
     if plan.log_dir:
         argv += ["--log-dir", plan.log_dir]
+    argv += torchrun_flags.passthrough_argv(plan.torchrun)
     return argv + [WORKER]
 
 
@@ -566,11 +597,20 @@ def torchrun_args(plan: Plan, port: int):
     import torch.distributed.run as torchrun
 
     args = torchrun.parse_args(torchrun_argv(plan, port))
-    mode = "module" if plan.module else "path"
+    mode = "exec" if plan.no_python else "module" if plan.module else "path"
     # worker.py's arguments; this process (the agent) is the workers' parent.
     args.training_script_args = [*(["--horovod"] if plan.horovod else []), mode, plan.local_rank_arg or "none",
                                  str(os.getpid()), plan.target, *plan.target_args]
     return args
+
+
+def _say_plan(plan: Plan, args) -> None:
+    """horovodrun's --verbose: what starts, where the processes meet, the variables set for them."""
+    rendezvous = f"{args.rdzv_backend} at {args.rdzv_endpoint} ({'elastic' if plan.elastic else 'fixed nodes'})"
+    print(f"ringtrain run: node {plan.node_rank} of {plan.nnodes}, {plan.nproc} worker(s) running "
+          f"{' '.join([plan.target, *plan.target_args])}; rendezvous {rendezvous}", file=sys.stderr)
+    for key in sorted({**plan.environment, **({"RINGTRAIN_TIMELINE": plan.timeline} if plan.timeline else {})}):
+        print(f"ringtrain run:   {key}={os.environ[key]}", file=sys.stderr)
 
 
 def _rendezvous_failure(plan: Plan, port: int, error: BaseException) -> RingtrainError:
@@ -628,7 +668,10 @@ def execute(plan: Plan) -> int:
 
     if plan.timeline is not None:
         os.environ["RINGTRAIN_TIMELINE"] = plan.timeline  # a ring (or hvd.init) in each worker records there
+    os.environ.update(plan.environment)  # horovodrun's flags, as the variables it sets
     args = torchrun_args(plan, port)
+    if plan.verbose:
+        _say_plan(plan, args)
     # kill -USR1 on this process (ringtrain stacks): every rank prints its stack (stacks.py).
     requests = StackRequests((plan.master_addr, port), store)
     requests.install()
@@ -660,13 +703,21 @@ def execute(plan: Plan) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        ns = discovery.apply(horovod_flags.apply(ns))  # an elastic horovodrun line becomes a host list
+        for flag in horovod_flags.environment(ns)[1]:
+            print(f"ringtrain run: {flag} sets the HOROVOD_* variable horovodrun sets; ringtrain's Horovod does "
+                  "not read it (it tunes Horovod's C++ core).", file=sys.stderr)
+        if ns.hosts is not None or ns.hostfile is not None:
+            nodes = hosts.nodes_from_args(ns, plan_from_args, nnodes=ns.elastic_nnodes)
+            os.environ.update(horovod_flags.environment(ns)[0])  # every agent's workers (ssh: forwarded)
+            for name in [name for name in os.environ if name.startswith("PET_")]:
+                del os.environ[name]  # read here already: the agents get their place as flags, nothing else
+    except RingtrainError as e:
+        print(f"ringtrain run: {e}", file=sys.stderr)
+        return 2
     if ns.hosts is not None or ns.hostfile is not None:
-        try:
-            nodes = hosts.nodes_from_args(ns, plan_from_args)
-        except RingtrainError as e:
-            print(f"ringtrain run: {e}", file=sys.stderr)
-            return 2
         return hosts.run_nodes(nodes)
     try:
         plan = plan_from_args(ns)

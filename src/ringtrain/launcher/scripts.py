@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import sys
 
 from ..errors import RingtrainError
@@ -120,6 +121,17 @@ def check_script(path: str) -> str:
             "give the path to a .py file, relative to the current directory, or use -m for a module.",
         )
     return path
+
+
+def check_program(target: str, module: bool) -> str:
+    """``--no-python`` (torchrun's): the target is a program (a path, or a command on PATH) executed as it is."""
+    if module:
+        raise RingtrainError("--no-python with -m/--module: a module needs Python",
+                             "give one of them (torchrun refuses both too).")
+    if shutil.which(target) is None:
+        raise RingtrainError(f"--no-python: {target!r} is neither an executable file nor a command on PATH",
+                             "give the program's path (chmod +x it), or a command such as `--no-python bash train.sh`.")
+    return target
 
 
 def module_file(name: str) -> str | None:

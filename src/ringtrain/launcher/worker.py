@@ -51,7 +51,7 @@ import threading
 import time
 import traceback
 
-MODES = ("path", "module")
+MODES = ("path", "module", "exec")  # exec: `ringtrain run --no-python PROGRAM` (torchrun's), run as it is
 EXIT_BOUND_S = 10.0  # = ringtrain.liveness.EXIT_BOUND_S (this file imports nothing of ringtrain up front)
 HOROVOD_FLAG = "--horovod"
 # ringtrain/horovod/_alias: holds a package named `horovod` that re-exports ringtrain.horovod.
@@ -282,13 +282,17 @@ def main(argv: list) -> None:
             "HINT: run `ringtrain run --help`."
         )
     mode, local_rank_arg, launcher_pid, target, *args = argv
-    die_with_parent(int(launcher_pid))  # the agent (`ringtrain run`) started this process
+    die_with_parent(int(launcher_pid))  # the agent (`ringtrain run`) started this process (kept across exec)
     os.environ["RINGTRAIN_LAUNCHER_PID"] = launcher_pid  # for native_dump_file (read here only)
     answer_sigusr1()
     observe_plain_script()
     if horovod:
         become_horovod_worker()
     argv = _argv_for(target, local_rank_arg, args)
+    if mode == "exec":
+        # Not Python: the program takes this process over; its exit status is the worker's, as under torchrun.
+        sys.stdout.flush()
+        os.execvp(target, argv)
     finish(*run_to_end(lambda: _run(mode, target, argv)))
 
 
