@@ -98,13 +98,16 @@ too, with or without ``--horovod``::
 * Every other host is started over ssh, other loopback addresses included, as horovodrun
   does: ``-H 127.0.0.1:1,127.0.0.2:1`` runs node 1 over ssh to 127.0.0.2 (this machine, if an
   sshd listens there), which tries the ssh path of a multi-node job on one machine. The command:
-  ``ssh -o BatchMode=yes -tt [-p PORT] [-i FILE] HOST 'cd CWD && exec env VARS PYTHON -m ringtrain
-  run --nnodes K --node-rank i --master-addr FIRST_HOST --master-port P ... train.py args'``,
-  with ``-p``/``-i`` from ``--ssh-port``/``--ssh-identity-file`` (horovodrun's flags; ssh's own
-  defaults and ``~/.ssh/config`` apply otherwise). This needs passwordless ssh from here to
-  every host (BatchMode: never a password prompt, and a host whose key is not yet known is
-  refused: connect to it once with plain ssh first; horovodrun instead turns host-key
-  checking off), and the same current directory, script, ``PYTHON`` (this interpreter's
+  ``ssh -o BatchMode=yes -tt -o StrictHostKeyChecking=accept-new [-p PORT] [-i FILE] HOST 'cd CWD &&
+  exec env VARS PYTHON -m ringtrain run --nnodes K --node-rank i --master-addr FIRST_HOST
+  --master-port P ... train.py args'``, with ``-p``/``-i`` from ``--ssh-port``/``--ssh-identity-file``
+  (horovodrun's flags; ssh's own defaults and ``~/.ssh/config`` apply otherwise). This needs
+  passwordless ssh from here to every host (BatchMode: never a password prompt). Host keys:
+  a host never connected to before has its key learnt (added to ``~/.ssh/known_hosts``), and
+  a host whose key changed since is refused (OpenSSH's ``accept-new``; horovodrun turns
+  checking off and accepts both). ``--ssh-strict-host-keys`` drops ``accept-new``: ssh's own
+  setting then applies, by default refusing a host whose key is not yet known (connect to it
+  once with plain ssh first). It also needs the same current directory, script, ``PYTHON`` (this interpreter's
   absolute path: the same virtual environment) and ringtrain on every host. ``-tt`` makes a
   stopped launcher hang up the remote agents, which then stop their workers. VARS are this shell's
   ``PYTHONPATH``, ``LD_LIBRARY_PATH``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
@@ -364,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the port of the hosts' sshd, for hosts started over ssh (ssh -p). Default: ssh's.")
     horovod.add_argument("--ssh-identity-file", "--ssh_identity_file", dest="ssh_identity_file", default=None,
                          metavar="FILE", help="the private key for hosts started over ssh (ssh -i). Default: ssh's.")
+    horovod.add_argument("--ssh-strict-host-keys", "--ssh_strict_host_keys", dest="ssh_strict_host_keys",
+                         action="store_true", help="refuse hosts whose ssh key is not yet known (ssh's own "
+                         "StrictHostKeyChecking). Default: learn a new host's key, refuse a changed one (accept-new).")
     parser.add_argument("-m", "--module", action="store_true", help="the target is a module name, run like `python -m`.")
     parser.add_argument("script", metavar="script.py", help="the training script (or module, with -m).")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
