@@ -247,7 +247,7 @@ def test_command_line_to_nodes(tmp_path, monkeypatch):
     key = write(tmp_path / "key", "not a real key\n")
     ns = _ns("-H", "127.0.0.1:1,127.0.0.2:1", "--ssh-port", "2200", "--ssh_identity_file", "key", str(script))
     nodes = hosts.nodes_from_args(ns, run.plan_from_args, environ={}, names=HERE)
-    assert nodes[1].argv[4:8] == ["-p", "2200", "-i", str(key)]  # the key as an absolute path
+    assert nodes[1].argv[6:10] == ["-p", "2200", "-i", str(key)]  # the key as an absolute path
     port = int(_words(nodes[1])[_words(nodes[1]).index("--master-port") + 1])
     assert port != 29500  # every host is this machine: a free port, not torchrun's fixed one
 
