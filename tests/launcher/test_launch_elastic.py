@@ -7,6 +7,10 @@ the only way on is the group re-forming with node B. B joins; A's agent sees a n
 stops its workers, and both re-form at world size 2; the workers resume from the newest
 checkpoint (Ring(checkpoint_dir=...)) and finish. The test waits for events (log lines, exits),
 not for time; the time B took to be admitted is printed (pytest -s), not asserted.
+
+A third node joining a job that has its MAX nodes waits as a spare (torch keeps it, past
+--timeout, until a node leaves): it says so, and when the job ends without it, it ends with the
+reason (stress: three agents).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -78,3 +83,79 @@ def test_a_node_joining_mid_run_is_admitted_and_the_group_resumes_from_the_check
     assert results == [("0", "2", steps), ("1", "2", steps)], report
     admitted = min(r["t"] for r in together) - joined
     sys.stdout.write(f"\nnode B admitted: its first step at world size 2 came {admitted:.1f} s after it was started\n")
+
+
+# Up at world size 2, then wait for the test's signal (a file) before leaving together.
+HOLDING = r"""
+import os, sys, time
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+sys.stdout.write(f"UP rank={dist.get_rank()} world={dist.get_world_size()}\n")
+sys.stdout.flush()
+while not os.path.exists(sys.argv[1]):  # the test creates it once the spare has spoken
+    time.sleep(0.2)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+class _Lines:
+    """Every line a process writes on stdout and stderr, collected as it comes (the pipes never fill)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.text, self._lock = proc, [], threading.Lock()
+        for pipe in (proc.stdout, proc.stderr):
+            threading.Thread(target=self._read, args=(pipe,), daemon=True).start()
+
+    def _read(self, pipe) -> None:
+        for line in pipe:
+            with self._lock:
+                self.text.append(line)
+
+    def all(self) -> str:
+        with self._lock:
+            return "".join(self.text)
+
+
+def _until(condition, limit: float, what: str, *procs: _Lines) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline or any(p.proc.poll() is not None for p in procs):
+            raise AssertionError(f"never: {what}\n" + "\n".join(f"--- {p.proc.args}\n{p.all()}" for p in procs))
+        time.sleep(0.2)
+
+
+@pytest.mark.stress
+@pytest.mark.timeout(400)
+def test_a_node_beyond_max_waits_as_a_spare_says_so_and_ends_with_a_reason_when_the_job_ends(tmp_path):
+    script = tmp_path / "holding.py"
+    script.write_text(HOLDING)
+    go = tmp_path / "go"
+    command = ringtrain_cmd("run", "--nnodes", "1:2", "--nproc-per-node", "1", "--master-port", str(free_port()),
+                            "--timeout", "10", str(script), str(go))
+    env = child_env()
+
+    def start() -> _Lines:
+        return _Lines(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                       cwd=tmp_path))
+
+    nodes = [start(), start()]
+    try:
+        _until(lambda: "".join(n.all() for n in nodes).count("world=2") == 2, 150, "two ranks at world size 2",
+               *nodes)
+        spare = start()
+        _until(lambda: "waits as a spare" in spare.all(), 150, "the spare says it waits", spare, *nodes)
+        go.touch()
+        codes = [n.proc.wait(timeout=120) for n in (*nodes, spare)]
+    finally:
+        for n in nodes + ([spare] if "spare" in locals() else []):
+            if n.proc.poll() is None:
+                n.proc.kill()
+                n.proc.wait()
+    said = spare.all()
+    report = "\n".join(f"--- exit {c}\n{n.all()}" for c, n in zip(codes, (*nodes, spare)))
+    assert codes == [0, 0, 1], report
+    assert "the elastic job already has its 2 nodes (--nnodes 1:2), so this node waits as a spare" in said, report
+    assert "ended (or stopped taking nodes) before this node could join it" in said and "HINT:" in said, report
+    assert "Traceback" not in said and "is_failed" not in said, report

@@ -14,7 +14,11 @@ from datetime import timedelta
 import pytest
 from _launch_util import ALLREDUCE, child_env, free_port, outputs, results, ringtrain_cmd, run_ringtrain, write
 from torch.distributed import DistNetworkError, TCPStore
-from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousTimeoutError,
+)
 
 from ringtrain.launcher import waiting
 
@@ -104,10 +108,16 @@ def test_the_words_of_a_failure_follow_what_happened():
                                          seconds=0.8)
     assert "failed 0.8 s after this node started, before --timeout (300 s) ran out" in str(refused)
     assert "nothing listens there (connection refused)" in str(refused) and "after --timeout" not in str(refused)
+    late = waiting.rendezvous_failure(**common, error=DistNetworkError("Connection refused"), seconds=301.0)
+    assert "failed 301.0 s after this node started: nothing listens" in str(late) and "before" not in str(late)
     taken = waiting.rendezvous_failure(**{**common, "node_rank": 0}, seconds=0.3,
                                        error=RuntimeError("bind: Address already in use"))
     assert "the port is already in use on this machine" in str(taken)
     assert refused.hint and taken.hint  # each ends with a HINT line
+    ended = waiting.rendezvous_failure(**{**common, "elastic": True, "nnodes": "1:2"}, seconds=95.0,
+                                       error=RendezvousClosedError("the elastic job ended while this node waited"))
+    assert str(ended).startswith("the elastic job at 10.0.0.1:29500 ended (or stopped taking nodes) before this node")
+    assert "takes at most MAX nodes (--nnodes 1:2)" in ended.hint and "after --timeout" not in str(ended)
 
 
 def test_join_all_says_how_many_nodes_are_missing_and_names_them_at_the_timeout():

@@ -62,6 +62,8 @@ A node that joins a running elastic job (up to MAX) is admitted at the next roun
 agent stops its workers and starts them again at the new world size (this restart does
 not count against ``--max-restarts``), and the script resumes from its newest checkpoint
 (see "Restarts and resuming"); the joining node waits up to ``--timeout`` for that round.
+A node beyond MAX is kept as a spare, past ``--timeout`` (torch's rule): it says so every
+10 s, joins when a node leaves, and exits 1 with the reason if the job ends first.
 
 Horovod scripts
 ---------------

@@ -16,7 +16,8 @@ refused connection, a name that does not resolve). Here:
   wait, torch's elastic rendezvous). The calls release the GIL, so the thread that
   speaks runs while they block.
 * ``SpeakingRendezvous`` — torch's c10d (elastic) rendezvous handler with ``speaking``
-  around every round: the first, and each re-forming after a node joins or leaves.
+  around every round: the first, and each re-forming after a node joins or leaves; a node
+  beyond MAX is told it waits as a spare, and told why when the job ends without it.
 * ``rendezvous_failure`` — the error for a failed rendezvous: "after --timeout T s" only
   when the wait ran out; otherwise what happened (connection refused, a name that does
   not resolve, a port taken) and when.
@@ -36,7 +37,10 @@ from datetime import timedelta
 
 from torch.distributed import DistError, DistStoreError, Store
 from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
     RendezvousConnectionError,
+    RendezvousError,
+    RendezvousGracefulExitError,
     RendezvousHandler,
     RendezvousInfo,
     RendezvousParameters,
@@ -135,19 +139,42 @@ def join_all(store: Store, counter: Store, prefix: str, nodes: int, *, since: fl
 
 
 class SpeakingRendezvous(RendezvousHandler):
-    """torch's c10d handler, unchanged, but never silent for more than ``TICK`` seconds in a round."""
+    """torch's c10d handler, unchanged, but never silent for more than ``TICK`` seconds in a round.
 
-    def __init__(self, inner: RendezvousHandler, where: str, nodes: str, timeout: float):
-        self.inner, self.where, self.nodes, self.timeout = inner, where, nodes, timeout
+    A node that joins an elastic job which already has MAX nodes is kept by torch as a spare
+    (dynamic_rendezvous.py: the redundancy list, where "the timeout logic" is deliberately not
+    applied): it waits past ``--timeout`` until a node leaves, then joins. The lines say so once
+    the timeout has passed. If the job ends first, torch's agent returned None there and
+    torchrun crashed with "'NoneType' object has no attribute 'is_failed'"; here that exit is a
+    ``RendezvousClosedError`` with the reason, which ``rendezvous_failure`` words.
+    """
+
+    def __init__(self, inner: RendezvousHandler, where: str, min_nodes: int, max_nodes: int, timeout: float):
+        self.inner, self.where, self.timeout = inner, where, timeout
+        self.min_nodes, self.max_nodes = min_nodes, max_nodes
 
     def _line(self, seconds: int) -> str:
-        low = self.nodes.split(":")[0]
-        return (f"waiting for the nodes of the elastic job (--nnodes {self.nodes}: it starts with at least {low}) "
-                f"at {self.where}, {seconds} s of --timeout {self.timeout:g}")
+        if seconds > self.timeout:
+            return (f"still waiting at {self.where} after --timeout {self.timeout:g} s: the elastic job already has "
+                    f"its {self.max_nodes} nodes (--nnodes {self.min_nodes}:{self.max_nodes}), so this node waits as "
+                    f"a spare and joins when one leaves ({seconds} s so far; Ctrl-C to give up)")
+        return (f"waiting for the nodes of the elastic job (--nnodes {self.min_nodes}:{self.max_nodes}: it starts "
+                f"with at least {self.min_nodes}) at {self.where}, {seconds} s of --timeout {self.timeout:g}")
 
     def next_rendezvous(self) -> RendezvousInfo:
+        start = time.monotonic()
         with speaking(self._line):
-            return self.inner.next_rendezvous()
+            try:
+                return self.inner.next_rendezvous()
+            except RendezvousGracefulExitError as e:
+                raise RendezvousClosedError(f"the elastic job ended while this node waited to join it ({e})") from e
+            except RendezvousError as e:
+                if time.monotonic() - start <= self.timeout:
+                    raise
+                # Past the timeout only a spare still waits (torch times out every other wait):
+                # its job ended, and the node that hosted the job's store went with it.
+                raise RendezvousClosedError(
+                    f"the elastic job ended while this node waited to join it as a spare ({e})") from e
 
     def get_backend(self) -> str:
         return ELASTIC  # the name it was asked for (torch checks); only logs and events read it
@@ -176,9 +203,8 @@ def _create_elastic(params: RendezvousParameters) -> SpeakingRendezvous:
     config = dict(params.config)
     c10d = RendezvousParameters("c10d", params.endpoint, params.run_id, params.min_nodes, params.max_nodes,
                                 params.local_addr, **config)
-    nodes = f"{params.min_nodes}:{params.max_nodes}"
-    return SpeakingRendezvous(rendezvous_handler_registry.create_handler(c10d), params.endpoint, nodes,
-                              float(config.get("join_timeout", 600)))
+    return SpeakingRendezvous(rendezvous_handler_registry.create_handler(c10d), params.endpoint, params.min_nodes,
+                              params.max_nodes, float(config.get("join_timeout", 600)))
 
 
 def register_elastic() -> None:
@@ -220,10 +246,16 @@ def rendezvous_failure(*, node_rank: int, elastic: bool, nnodes: str, max_nodes:
         what = f"could not join the rendezvous at {where}"
         hint = (f"check that node 0 is running and that {where} is reachable from here "
                 f"(`nc -zv {master_addr} {port}`); raise --timeout if node 0 starts later.")
+    if isinstance(error, RendezvousClosedError):
+        return RingtrainError(
+            f"the elastic job at {where} ended (or stopped taking nodes) before this node could join it: "
+            f"{first_line}",
+            f"an elastic job takes at most MAX nodes (--nnodes {nnodes}); more wait as spares until a node leaves. "
+            "To run on more nodes, start the job again with a larger MAX on every node.")
     if _timed_out(error):
         return RingtrainError(f"{what} after --timeout {timeout} s: {first_line}", hint)
     lower = first_line.lower()
     cause = next((words for key, words in _CAUSES if key in lower), None)
     said = f"{cause}: {first_line}" if cause else first_line
-    return RingtrainError(f"the rendezvous at {where} failed {seconds:.1f} s after this node started, before "
-                          f"--timeout ({timeout} s) ran out: {said}", hint)
+    when = f", before --timeout ({timeout} s) ran out" if seconds < timeout else ""
+    return RingtrainError(f"the rendezvous at {where} failed {seconds:.1f} s after this node started{when}: {said}", hint)
