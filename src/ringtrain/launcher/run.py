@@ -109,9 +109,10 @@ too, with or without ``--horovod``::
   a host whose key changed since is refused (OpenSSH's ``accept-new``; horovodrun turns
   checking off and accepts both). ``--ssh-strict-host-keys`` drops ``accept-new``: ssh's own
   setting then applies, by default refusing a host whose key is not yet known (connect to it
-  once with plain ssh first). It also needs the same current directory, script, ``PYTHON`` (this interpreter's
-  absolute path: the same virtual environment) and ringtrain on every host. ``-tt`` makes a
-  stopped launcher hang up the remote agents, which then stop their workers. VARS are this shell's
+  once with plain ssh first). It also needs the same current directory, script, ``PYTHON``
+  (this interpreter's absolute path: the same virtual environment) and ringtrain on every
+  host. ``-tt`` makes a stopped launcher hang up the remote agents, which then stop their
+  workers. VARS are this shell's
   ``PYTHONPATH``, ``LD_LIBRARY_PATH``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
   ``CUDA_VISIBLE_DEVICES`` and ``NCCL_*``, ``GLOO_*``, ``TORCH_*``, ``HOROVOD_*``,
   ``RINGTRAIN_*``; set anything else in the hosts' login environment. The first host is
