@@ -14,7 +14,7 @@ import pytest
 import torch.distributed.run as torchrun
 
 from ringtrain.errors import RingtrainError
-from ringtrain.launcher import flags, horovod_flags, run, torchrun_flags
+from ringtrain.launcher import flags, horovod_flags, run, torchrun_flags, waiting
 
 PORT = 29999
 
@@ -72,7 +72,9 @@ def _ours_and_torchs(option: str, action, tmp_path) -> tuple:
 MEANING = {
     "nnodes": lambda plan, ours, theirs: plan.nnodes == theirs.nnodes and plan.elastic and ours.nnodes == "1:2",
     "nproc_per_node": lambda plan, ours, theirs: ours.nproc_per_node == theirs.nproc_per_node,
-    "rdzv_backend": lambda plan, ours, theirs: plan.elastic and ours.rdzv_backend == theirs.rdzv_backend,
+    # c10d is torch's own backend wrapped so that it says what it waits for (launcher/waiting.py)
+    "rdzv_backend": lambda plan, ours, theirs: plan.elastic and ours.rdzv_backend == (
+        waiting.ELASTIC if theirs.rdzv_backend == "c10d" else theirs.rdzv_backend),
     "rdzv_endpoint": lambda plan, ours, theirs: (plan.master_addr, plan.master_port) == ("127.0.0.1", 29411),
     "rdzv_id": lambda plan, ours, theirs: ours.rdzv_id == theirs.rdzv_id,
     "rdzv_conf": lambda plan, ours, theirs: "join_timeout=77" in ours.rdzv_conf.split(","),

@@ -303,7 +303,7 @@ def test_fixed_node_counts_use_the_fresh_store_rendezvous(tmp_path):
     assert (static.rdzv_backend, static.rdzv_endpoint) == ("ringtrain", "[::1]:29400")
     assert "rank=1" in static.rdzv_conf and "timeout=300" in static.rdzv_conf
     elastic = run.torchrun_args(_plan(tmp_path, "--nnodes", "1:2"), 29400)
-    assert (elastic.rdzv_backend, elastic.rdzv_endpoint) == ("c10d", "127.0.0.1:29400")
+    assert (elastic.rdzv_backend, elastic.rdzv_endpoint) == ("ringtrain-c10d", "127.0.0.1:29400")
 
 
 def test_manual_states_the_security_and_elastic_rules(capsys):

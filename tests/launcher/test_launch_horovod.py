@@ -140,16 +140,17 @@ def test_remote_hosts_are_started_over_ssh():
     local, remote = nodes[0], nodes[2]
     assert local.local and local.argv[:4] == [PY, "-m", "ringtrain", "run"]
     assert local.argv[local.argv.index("--master-addr") + 1] == "thisbox"  # the first host is the master
-    assert not remote.local and remote.argv[:5] == ["ssh", "-o", "BatchMode=yes", "-tt", "node3"]
-    assert len(remote.argv) == 6  # one remote command string, shell-quoted
-    words = shlex.split(remote.argv[5])
+    assert not remote.local and remote.argv[:7] == ["ssh", "-o", "BatchMode=yes", "-tt",
+                                                    "-o", "StrictHostKeyChecking=accept-new", "node3"]
+    assert len(remote.argv) == 8  # one remote command string, shell-quoted
+    words = shlex.split(remote.argv[7])
     assert words[:6] == ["cd", "/home/me/my project", "&&", "exec", "env", "NCCL_DEBUG=INFO"]
     # only the documented variables travel (sorted), never e.g. HOME or a token
     assert words[6:8] == ["OMP_NUM_THREADS=4", "PYTHONPATH=/x y"]
     assert words[8:] == [PY, "-m", "ringtrain", "run", "--nnodes", "3", "--node-rank", "2", "--master-addr",
                          "thisbox", "--master-port", "29500", "--nproc-per-node", "1", "--horovod",
                          "train.py", "--name", "it's a run", "--glob", "*.pt"]
-    bare = _nodes([Host("node2", 1)])[0].argv[5]
+    bare = _nodes([Host("node2", 1)])[0].argv[7]
     assert bare.startswith("cd '/home/me/my project' && exec /opt/venv/bin/python -m ringtrain run")  # no env
 
 
@@ -161,24 +162,50 @@ def _master(node) -> str:
 def test_ssh_port_and_identity_file_reach_ssh():
     nodes = _nodes([Host("thisbox", 1), Host("node2", 1)], ssh_port=2222, ssh_identity_file="/keys/id cluster")
     assert nodes[0].argv[0] == PY  # this machine: no ssh, no ssh options
-    assert nodes[1].argv[:9] == ["ssh", "-o", "BatchMode=yes", "-tt", "-p", "2222", "-i", "/keys/id cluster", "node2"]
-    assert shlex.split(nodes[1].argv[9])[:4] == ["cd", "/home/me/my project", "&&", "exec"]
+    assert nodes[1].argv[:11] == ["ssh", "-o", "BatchMode=yes", "-tt", "-o", "StrictHostKeyChecking=accept-new",
+                                  "-p", "2222", "-i", "/keys/id cluster", "node2"]
+    assert shlex.split(nodes[1].argv[11])[:4] == ["cd", "/home/me/my project", "&&", "exec"]
+
+
+def test_new_host_keys_are_learnt_unless_strict_host_keys_is_asked_for():
+    # accept-new: a host never seen is added to known_hosts, a host whose key changed is refused;
+    # --ssh-strict-host-keys leaves ssh's own StrictHostKeyChecking (and ~/.ssh/config) in charge.
+    learnt = _nodes([Host("thisbox", 1), Host("node2", 1)])[1].argv
+    strict = _nodes([Host("thisbox", 1), Host("node2", 1)], ssh_strict_host_keys=True)[1].argv
+    assert learnt[:7] == ["ssh", "-o", "BatchMode=yes", "-tt", "-o", "StrictHostKeyChecking=accept-new", "node2"]
+    assert strict[:5] == ["ssh", "-o", "BatchMode=yes", "-tt", "node2"]
+    assert not any("StrictHostKeyChecking" in word for word in strict)
+    assert learnt[-1] == strict[-1]  # the remote command is the same
+
+
+def test_the_command_line_flag_reaches_the_ssh_command(tmp_path, monkeypatch):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    for flag, expected in (([], True), (["--ssh-strict-host-keys"], False), (["--ssh_strict_host_keys"], False)):
+        ns = run.build_parser().parse_args(["-H", "thisbox:1,node2:1", *flag, str(script)])
+        nodes = hosts.nodes_from_args(ns, run.plan_from_args, environ={}, names={"thisbox"})
+        assert ("StrictHostKeyChecking=accept-new" in nodes[1].argv) is expected, flag
+        assert nodes[0].argv[0] == sys.executable and "StrictHostKeyChecking=accept-new" not in nodes[0].argv
 
 
 def test_a_failed_ssh_login_names_the_command_to_try():
     node = _nodes([Host("thisbox", 1), Host("node2", 1)], ssh_port=2222, ssh_identity_file="/keys/id")[1]
     text = hosts._describe(node, 255)
     assert "node 1 (node2, over ssh): ssh failed (exit 255)" in text
-    assert "HINT: check that `ssh -o BatchMode=yes -p 2222 -i /keys/id node2 true` works" in text
-    assert "host's key is known" in text
+    assert ("HINT: check that `ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new -p 2222 -i /keys/id node2 "
+            "true` works") in text
+    assert "host key changed" in text and "ssh-keygen -R" in text
+    strict = _nodes([Host("thisbox", 1), Host("node2", 1)], ssh_strict_host_keys=True)[1]
+    assert "host's key is known" in hosts._describe(strict, 255)
     assert hosts._describe(node, 3) == "node 1 (node2, over ssh) failed with exit code 3; the other nodes were stopped."
 
 
 def test_other_loopback_addresses_are_this_machine_over_ssh():
     # -H 127.0.0.1:1,127.0.0.2:1: node 1 over ssh to 127.0.0.2, both meeting on node 0's 127.0.0.1
     nodes = _nodes([Host("127.0.0.1", 1), Host("127.0.0.2", 1)])
-    assert [n.local for n in nodes] == [True, False] and nodes[1].argv[:5] == ["ssh", "-o", "BatchMode=yes", "-tt",
-                                                                               "127.0.0.2"]
+    assert [n.local for n in nodes] == [True, False] and nodes[1].argv[:7] == [
+        "ssh", "-o", "BatchMode=yes", "-tt", "-o", "StrictHostKeyChecking=accept-new", "127.0.0.2"]
     assert [_master(n) for n in nodes] == ["127.0.0.1", "127.0.0.1"]
     assert [_master(n) for n in _nodes([Host("localhost", 1), Host("127.0.0.2", 1)])] == ["127.0.0.1"] * 2
     with pytest.raises(RingtrainError, match="cannot reach it by that name"):
@@ -220,7 +247,7 @@ def test_command_line_to_nodes(tmp_path, monkeypatch):
     key = write(tmp_path / "key", "not a real key\n")
     ns = _ns("-H", "127.0.0.1:1,127.0.0.2:1", "--ssh-port", "2200", "--ssh_identity_file", "key", str(script))
     nodes = hosts.nodes_from_args(ns, run.plan_from_args, environ={}, names=HERE)
-    assert nodes[1].argv[4:8] == ["-p", "2200", "-i", str(key)]  # the key as an absolute path
+    assert nodes[1].argv[6:10] == ["-p", "2200", "-i", str(key)]  # the key as an absolute path
     port = int(_words(nodes[1])[_words(nodes[1]).index("--master-port") + 1])
     assert port != 29500  # every host is this machine: a free port, not torchrun's fixed one
 

@@ -249,3 +249,54 @@ def test_nnodes_with_node_1_started_over_ssh(sshd, tmp_path):
     rows = _rows(out0 + out1)
     assert [(r["size"], r["node"]) for r in rows] == [("2", "0"), ("2", "1")], report
     _assert_one_process_parameters(rows, report)
+
+
+# --- host keys: accept-new by default, ssh's own checking with --ssh-strict-host-keys ------------------
+
+
+def _client(sshd, d: Path, known: str) -> dict:
+    """An ssh client whose only known-hosts file is ``d/known_hosts`` holding ``known``, checking strictly
+    by its own configuration (as ssh's default with BatchMode): what ringtrain adds decides."""
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "known_hosts").write_text(known)
+    (d / "ssh_config").write_text(f"UserKnownHostsFile {d / 'known_hosts'}\nGlobalKnownHostsFile /dev/null\n"
+                                  "StrictHostKeyChecking yes\nIdentitiesOnly yes\n")
+    shim = write(d / "bin" / "ssh", f"#!/bin/sh\nexec {shutil.which('ssh')} -F {d / 'ssh_config'} \"$@\"\n")
+    shim.chmod(0o755)
+    return {**sshd, "path": f"{d / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+
+
+def _hosts_job(client, script: Path, *extra: str) -> subprocess.CompletedProcess:
+    return _job(client, "--horovod", "-np", "2", "-H", f"127.0.0.1:1,{REMOTE}:1", "--ssh-port", str(client["port"]),
+                "--ssh-identity-file", client["key"], *extra, str(script), cwd=script.parent)
+
+
+def test_a_host_never_connected_to_is_learnt_and_joins(sshd, tmp_path):
+    client = _client(sshd, tmp_path / "client", known="")
+    proc = _hosts_job(client, write(tmp_path / "train.py", HOROVOD_SCRIPT))
+    assert proc.returncode == 0, outputs(proc)
+    _assert_one_process_parameters(_rows(proc.stdout), outputs(proc))
+    learnt = (tmp_path / "client" / "known_hosts").read_text()
+    assert (sshd["dir"] / "host_key.pub").read_text().split()[1] in learnt  # the host's real key, now known
+
+
+def test_strict_host_keys_refuse_a_host_never_connected_to(sshd, tmp_path):
+    client = _client(sshd, tmp_path / "client", known="")
+    proc = _hosts_job(client, write(tmp_path / "train.py", HOROVOD_SCRIPT), "--ssh-strict-host-keys")
+    assert proc.returncode == 255, outputs(proc)
+    assert f"node 1 ({REMOTE}, over ssh): ssh failed (exit 255)" in proc.stderr, outputs(proc)
+    assert "HINT:" in proc.stderr and "host's key is known" in proc.stderr, outputs(proc)
+    assert (tmp_path / "client" / "known_hosts").read_text() == ""  # nothing learnt
+
+
+def test_a_changed_host_key_is_refused(sshd, tmp_path):
+    # known_hosts holds another key for the host: a machine in its place, or a re-installed one.
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True, timeout=30)
+    known = f"[{REMOTE}]:{sshd['port']} {(tmp_path / 'other_key.pub').read_text()}"
+    client = _client(sshd, tmp_path / "client", known=known)
+    proc = _hosts_job(client, write(tmp_path / "train.py", HOROVOD_SCRIPT))
+    assert proc.returncode == 255, outputs(proc)
+    assert "HINT:" in proc.stderr and "host key changed" in proc.stderr, outputs(proc)
+    assert (tmp_path / "client" / "known_hosts").read_text() == known  # not replaced
+    assert "RESULT" not in proc.stdout

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from ringtrain.errors import RingtrainError
-from ringtrain.launcher import run
+from ringtrain.launcher import run, waiting
 
 
 def plan(tmp_path, *argv):
@@ -29,14 +29,15 @@ def test_a_range_of_nodes_is_elastic_equal_ends_included(tmp_path):
     for spec in ("2:2", "1:4"):
         p = plan(tmp_path, "--nnodes", spec, "--master-port", "29555")
         args = run.torchrun_args(p, 29555)
-        assert p.elastic and args.rdzv_backend == "c10d" and args.rdzv_endpoint == "127.0.0.1:29555"
+        assert p.elastic and args.rdzv_backend == waiting.ELASTIC and args.rdzv_endpoint == "127.0.0.1:29555"
 
 
 def test_rdzv_flags_reach_torchrun(tmp_path):
     p = plan(tmp_path, "--nnodes=2", "--rdzv_id=456", "--rdzv_backend=c10d", "--rdzv_endpoint=10.0.0.1:29603",
              "--rdzv-conf", "join_timeout=900,read_timeout=5", "--timeout", "40")
     args = run.torchrun_args(p, p.master_port)
-    assert (args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id) == ("c10d", "10.0.0.1:29603", "456")
+    # torch's c10d, wrapped so that it says what it waits for
+    assert (args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id) == (waiting.ELASTIC, "10.0.0.1:29603", "456")
     # the user's keys win over ringtrain's (join_timeout from --timeout), the others stay
     assert args.rdzv_conf.split(",") == ["join_timeout=900", "last_call_timeout=20", "read_timeout=5"]
     c10d_default = plan(tmp_path, "--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1]")

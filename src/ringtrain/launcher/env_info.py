@@ -35,12 +35,36 @@ def _ringtrain_version() -> str:
         return "unknown (not installed)"
 
 
+def usable_cpus() -> int:
+    """CPU cores this process may run on: what a cgroup cpuset or ``taskset`` leaves it (all elsewhere)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on macOS/Windows
+        return os.cpu_count() or 1
+
+
+def visible_gpus() -> int:
+    """CUDA GPUs torch sees here (after CUDA_VISIBLE_DEVICES); 0 without torch or CUDA. Imports torch."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def open_files_limit() -> int | None:
+    """This process's soft limit on open file descriptors (``ulimit -n``); None where unknown or unlimited."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def _cpus() -> str:
     total = os.cpu_count()
-    try:
-        usable = len(os.sched_getaffinity(0))  # what a cgroup/taskset leaves this process
-    except AttributeError:  # not on macOS/Windows
-        return str(total)
+    usable = usable_cpus()
     return f"{usable} usable of {total}" if usable != total else str(total)
 
 

@@ -162,6 +162,9 @@ def build_parser(manual: str) -> argparse.ArgumentParser:
              "help": "the port of the hosts' sshd, for hosts started over ssh (ssh -p). Default: ssh's."}),
         Flag(("-i", "--ssh-identity-file", "--ssh_identity_file"), "ssh_identity_file", {"metavar": "FILE",
              "help": "the private key for hosts started over ssh (ssh -i). Default: ssh's."}),
+        Flag(("--ssh-strict-host-keys", "--ssh_strict_host_keys"), "ssh_strict_host_keys", {"action": "store_true",
+             "help": "refuse hosts whose ssh key is not yet known (ssh's own StrictHostKeyChecking). Default: "
+             "learn a new host's key, refuse a changed one (accept-new)."}),
     ):
         add(horovod, flag)
     for action in horovod_flags.add_to(parser, add):  # --version and the refused flags, added as they are

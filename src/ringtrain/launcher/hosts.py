@@ -61,6 +61,12 @@ FORWARDED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "HOROVOD_", "RINGTRAIN_")
 # agent gets SIGHUP, which torchelastic handles like SIGTERM (it stops its workers).
 # Without -tt a remote job would outlive the launcher that lost track of it.
 SSH = ("ssh", "-o", "BatchMode=yes", "-tt")
+# Host keys: learn the key of a host never connected to, refuse one whose key changed
+# (OpenSSH >= 7.6, ssh_config(5) StrictHostKeyChecking=accept-new). BatchMode alone refuses
+# every new host, so a first job failed until each host was logged into by hand; horovodrun
+# turns checking off entirely (StrictHostKeyChecking=no), which also accepts a changed key.
+# --ssh-strict-host-keys leaves ssh's own setting (and ~/.ssh/config) in charge instead.
+ACCEPT_NEW_HOST_KEYS = ("-o", "StrictHostKeyChecking=accept-new")
 
 
 @dataclass(frozen=True)
@@ -263,25 +269,27 @@ def agent_argv(python: str, node_rank: int, nnodes: int | str, nproc: int, maste
             *options, *target]
 
 
-def ssh_options(port: int | None = None, identity_file: str | None = None) -> list:
-    """``ssh -o BatchMode=yes -tt [-p PORT] [-i FILE]``: horovodrun's --ssh-port / --ssh-identity-file."""
-    return [*SSH, *(["-p", str(port)] if port is not None else []),
+def ssh_options(port: int | None = None, identity_file: str | None = None, strict_host_keys: bool = False) -> list:
+    """``ssh -o BatchMode=yes -tt [-o StrictHostKeyChecking=accept-new] [-p PORT] [-i FILE]``: horovodrun's
+    --ssh-port / --ssh-identity-file; new host keys learnt unless ``strict_host_keys``."""
+    return [*SSH, *(() if strict_host_keys else ACCEPT_NEW_HOST_KEYS), *(["-p", str(port)] if port is not None else []),
             *(["-i", identity_file] if identity_file is not None else [])]
 
 
 def ssh_argv(host: str, cwd: str, env: Mapping, argv: Sequence, *, port: int | None = None,
-             identity_file: str | None = None) -> list:
-    """``ssh -o BatchMode=yes -tt [-p P] [-i F] HOST 'cd CWD && env K=V ... ARGV'``, every word shell-quoted."""
+             identity_file: str | None = None, strict_host_keys: bool = False) -> list:
+    """``ssh -o BatchMode=yes -tt [...] HOST 'cd CWD && env K=V ... ARGV'``, every word shell-quoted."""
     words = [shlex.quote(w) for w in argv]
     if env:
         words = ["env", *(shlex.quote(f"{k}={v}") for k, v in env.items()), *words]
-    return [*ssh_options(port, identity_file), host, f"cd {shlex.quote(cwd)} && exec {' '.join(words)}"]
+    return [*ssh_options(port, identity_file, strict_host_keys), host,
+            f"cd {shlex.quote(cwd)} && exec {' '.join(words)}"]
 
 
 def plan_nodes(hosts: Sequence, *, master_addr: str | None, master_port: int, options: Sequence,
                target: Sequence, python: str, cwd: str, environ: Mapping, names: set | None = None,
                ssh_port: int | None = None, ssh_identity_file: str | None = None,
-               nnodes: str | None = None) -> list:
+               nnodes: str | None = None, ssh_strict_host_keys: bool = False) -> list:
     """One Node per assigned host: a local agent, or the same agent started over ssh (``nnodes``: MIN:MAX for
     an elastic job, else the number of hosts)."""
     names = local_names() if names is None else names
@@ -293,7 +301,8 @@ def plan_nodes(hosts: Sequence, *, master_addr: str | None, master_port: int, op
     for node in draft:
         argv = agent_argv(python, node.rank, nnodes or len(draft), node.nproc, addr, master_port, options, target)
         if not node.local:
-            argv = ssh_argv(node.host, cwd, env, argv, port=ssh_port, identity_file=ssh_identity_file)
+            argv = ssh_argv(node.host, cwd, env, argv, port=ssh_port, identity_file=ssh_identity_file,
+                            strict_host_keys=ssh_strict_host_keys)
         nodes.append(Node(node.host, node.rank, node.nproc, node.local, argv))
     return nodes
 
@@ -355,6 +364,7 @@ def nodes_from_args(ns: argparse.Namespace, check: Callable, *, environ: Mapping
         target=[*target, *ns.script_args], python=sys.executable, cwd=os.getcwd(),
         environ=os.environ if environ is None else environ, names=names,
         ssh_port=ssh_port, ssh_identity_file=identity, nnodes=nnodes,
+        ssh_strict_host_keys=bool(getattr(ns, "ssh_strict_host_keys", False)),
     )
 
 
@@ -405,9 +415,13 @@ def _describe(node: Node, code: int) -> str:
     if not node.local and code == 255:
         # The words this node's ssh was started with (-p/-i included), up to the host; ssh_argv's last is the command.
         ssh = " ".join(shlex.quote(w) for w in node.argv[:-1] if w != "-tt")
+        strict = "StrictHostKeyChecking=accept-new" not in node.argv
+        keys = ("that the host's key is known (with --ssh-strict-host-keys a host never connected to before "
+                "fails: connect once with plain ssh to accept its key)" if strict else
+                "and, if ssh says the host key changed, that the host really is the one you mean (then remove "
+                "the old key with `ssh-keygen -R HOST`)")
         return (f"{where}: ssh failed (exit 255)\nHINT: check that `{ssh} true` works without a password, that "
-                "the host name is right, and that the host's key is known (a host never connected to before "
-                "fails under BatchMode: connect once with plain ssh to accept its key).")
+                f"the host name is right, {keys}.")
     return f"{where} failed with exit code {code}; the other nodes were stopped."
 
 

@@ -52,6 +52,25 @@ def is_loopback(addr: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
 
 
+def is_this_machine(addr: str) -> bool:
+    """True when ``addr`` (a name or address) is this machine: loopback, or an address one of its
+    interfaces holds. Tested by binding a socket to each address it resolves to: the kernel
+    allows that only for its own addresses (EADDRNOTAVAIL otherwise). ``socket.gaierror``
+    when the name does not resolve.
+    """
+    host = addr.strip("[]")
+    if is_loopback(host):
+        return True
+    for family, kind, proto, _, sockaddr in socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM):
+        with socket.socket(family, kind, proto) as probe:
+            try:
+                probe.bind(sockaddr)
+            except OSError:
+                continue
+            return True
+    return False
+
+
 def loopback_interface() -> str | None:
     """Name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS), if there is one."""
     names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()

@@ -21,7 +21,10 @@ on ``--master-port``, the other nodes wait for it up to ``--timeout`` — except
   when the job is on one machine), published to the other nodes through the main
   store; the previous attempt's store is closed;
 * the agents' own keys for an attempt live under their own prefix, so nothing of a
-  dead attempt is ever read back.
+  dead attempt is ever read back;
+* while a node waits for the others it says so every 10 s, naming how many are missing
+  (waiting.py), and the nodes count each other in the store instead of node 0 blocking
+  silently in the store's constructor.
 
 The agents of all nodes count attempts the same way (every restart is a new round on
 every node: a worker that dies takes its peers' collectives down with it); should they
@@ -33,6 +36,7 @@ Imported by ``execute`` only (it imports torch): ``--help`` and argument errors 
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 from torch.distributed import PrefixStore, TCPStore
@@ -46,6 +50,7 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from .ports import host_store
+from .waiting import join_all, reach
 
 BACKEND = "ringtrain"
 
@@ -83,11 +88,7 @@ class FreshStoreRendezvous(RendezvousHandler):
 
     def next_rendezvous(self) -> RendezvousInfo:
         if self._main is None:
-            # As torchrun's static backend: node 0 serves (multi_tenant: the server that
-            # `ringtrain run` already listens with), the others connect; node 0 waits here
-            # until all nodes have (up to the timeout).
-            self._main = TCPStore(self.master_addr, self.master_port, self.world_size, self.rank == 0,
-                                  self.timeout, multi_tenant=True)
+            self._main = self._join()
         self._attempt += 1
         prefix = f"{self.run_id}/attempt-{self._attempt}"
         port = self.master_port
@@ -103,6 +104,24 @@ class FreshStoreRendezvous(RendezvousHandler):
             PrefixStore(prefix, self._main), self.rank, self.world_size,
             RendezvousStoreInfo(self.master_addr, port),
         )
+
+    def _join(self) -> TCPStore:
+        """As torchrun's static backend: node 0 serves (multi_tenant: the server that `ringtrain run`
+        already listens with), the others connect; all wait until every node has, up to the timeout.
+
+        Unlike torchrun's, nobody waits in silence: a line every few seconds says for whom
+        (waiting.py), and node 0 need not block inside the store's constructor to count.
+        """
+        where = f"{self.master_addr}:{self.master_port}"
+        timeout = self.timeout.total_seconds()
+        since = time.monotonic()
+        if self.rank != 0:
+            reach(self.master_addr, self.master_port, since=since, timeout=timeout)
+        main = TCPStore(self.master_addr, self.master_port, self.world_size, self.rank == 0, self.timeout,
+                        multi_tenant=True, wait_for_workers=False)
+        counter = TCPStore(self.master_addr, self.master_port, None, False, self.timeout, wait_for_workers=False)
+        join_all(main, counter, f"{self.run_id}/join", self.world_size, since=since, timeout=timeout, where=where)
+        return main
 
     def is_closed(self) -> bool:
         return False

@@ -59,6 +59,13 @@ nodes have joined and no more arrived for ``--timeout``/2 seconds (at most 30)::
     ringtrain run --nnodes 1:4 --nproc-per-node 8 --max-restarts 3 \\
         --master-addr 10.0.0.1 --master-port 29500 train.py
 
+A node that joins a running elastic job (up to MAX) is admitted at the next round: every
+agent stops its workers and starts them again at the new world size (this restart does
+not count against ``--max-restarts``), and the script resumes from its newest checkpoint
+(see "Restarts and resuming"); the joining node waits up to ``--timeout`` for that round.
+A node beyond MAX is kept as a spare, past ``--timeout`` (torch's rule): it says so every
+10 s, joins when a node leaves, and exits 1 with the reason if the job ends first.
+
 torchrun's flags
 ----------------
 
@@ -128,15 +135,19 @@ too, with or without ``--horovod``::
 * Every other host is started over ssh, other loopback addresses included, as horovodrun
   does: ``-H 127.0.0.1:1,127.0.0.2:1`` runs node 1 over ssh to 127.0.0.2 (this machine, if an
   sshd listens there), which tries the ssh path of a multi-node job on one machine. The command:
-  ``ssh -o BatchMode=yes -tt [-p PORT] [-i FILE] HOST 'cd CWD && exec env VARS PYTHON -m ringtrain
-  run --nnodes K --node-rank i --master-addr FIRST_HOST --master-port P ... train.py args'``,
-  with ``-p``/``-i`` from ``--ssh-port``/``--ssh-identity-file`` (horovodrun's flags; ssh's own
-  defaults and ``~/.ssh/config`` apply otherwise). This needs passwordless ssh from here to
-  every host (BatchMode: never a password prompt, and a host whose key is not yet known is
-  refused: connect to it once with plain ssh first; horovodrun instead turns host-key
-  checking off), and the same current directory, script, ``PYTHON`` (this interpreter's
-  absolute path: the same virtual environment) and ringtrain on every host. ``-tt`` makes a
-  stopped launcher hang up the remote agents, which then stop their workers. VARS are this shell's
+  ``ssh -o BatchMode=yes -tt -o StrictHostKeyChecking=accept-new [-p PORT] [-i FILE] HOST 'cd CWD &&
+  exec env VARS PYTHON -m ringtrain run --nnodes K --node-rank i --master-addr FIRST_HOST
+  --master-port P ... train.py args'``, with ``-p``/``-i`` from ``--ssh-port``/``--ssh-identity-file``
+  (horovodrun's flags; ssh's own defaults and ``~/.ssh/config`` apply otherwise). This needs
+  passwordless ssh from here to every host (BatchMode: never a password prompt). Host keys:
+  a host never connected to before has its key learnt (added to ``~/.ssh/known_hosts``), and
+  a host whose key changed since is refused (OpenSSH's ``accept-new``; horovodrun turns
+  checking off and accepts both). ``--ssh-strict-host-keys`` drops ``accept-new``: ssh's own
+  setting then applies, by default refusing a host whose key is not yet known (connect to it
+  once with plain ssh first). It also needs the same current directory, script, ``PYTHON``
+  (this interpreter's absolute path: the same virtual environment) and ringtrain on every
+  host. ``-tt`` makes a stopped launcher hang up the remote agents, which then stop their
+  workers. VARS are this shell's
   ``PYTHONPATH``, ``LD_LIBRARY_PATH``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
   ``CUDA_VISIBLE_DEVICES`` and ``NCCL_*``, ``GLOO_*``, ``TORCH_*``, ``HOROVOD_*``,
   ``RINGTRAIN_*``; set anything else in the hosts' login environment. The first host is
@@ -281,16 +292,25 @@ Failure modes
 2. A worker killed by a signal (the OOM killer, a segfault): reported with the signal
    name; check ``dmesg``.
 3. The master is unreachable (wrong ``--master-addr``, firewall, node 0 not started):
-   non-zero nodes give up joining after about ``--timeout`` seconds (TCPStore retries
-   its connection, so allow up to three times that), name the address, and exit 1.
-4. Nodes that never arrive: node 0 waits ``--timeout`` seconds for all ``--nnodes``
-   nodes, then exits 1.
+   every 10 s a non-zero node prints what it waits for and why ("waiting for node 0 at
+   10.0.0.1:29500 to answer (connection refused), 20 s of --timeout 300"); after
+   ``--timeout`` seconds it names the address and exits 1. A failure that comes before the
+   timeout says what happened instead (the address does not resolve, the connection was
+   refused, the port is taken) and after how long.
+4. Nodes that never arrive: every node prints, every 10 s, how many are missing
+   ("waiting for 1 of 2 nodes at 10.0.0.1:29500, 20 s of --timeout 300"; an elastic job:
+   "waiting for the nodes of the elastic job ..."); node 0 exits 1 after ``--timeout``
+   seconds.
 5. ``--master-port`` already in use on node 0: an error naming the port, before any
    worker starts. On a single node, omit ``--master-port`` and a free one is picked.
 6. Wrong arguments (``--nproc-per-node 0``, ``--node-rank`` >= ``--nnodes``, a missing
    script, ``--gpus`` not a list of integers, a bad ``-H`` or hostfile, ``-np`` above the
-   hosts' slots, ``-np`` and ``--nproc-per-node`` disagreeing): exit code 2 and a HINT,
-   before anything starts.
+   hosts' slots, ``-np`` and ``--nproc-per-node`` disagreeing, ``--nnodes`` above 65,536,
+   more ranks than torch can number) and what this machine cannot run (on node 0 of a
+   fixed-size job, a ``--master-addr`` that is not one of this machine's addresses, or more
+   nodes than ``ulimit -n`` lets node 0 connect to): exit code 2 and a HINT, before anything
+   starts. More than 4 workers per usable CPU core (or per visible GPU) start, after a
+   warning.
 7. Ctrl-C or SIGTERM to ``ringtrain run``: forwarded to the workers, which are stopped;
    exit code 128 + the signal number. With a host list, forwarded to every node's agent
    (remote ones through their ssh connection).
@@ -341,15 +361,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 
 from ..errors import RingtrainError
-from . import discovery, flags, horovod_flags, hosts, scripts, torchrun_flags
+from . import discovery, flags, horovod_flags, hosts, preflight, scripts, torchrun_flags
 from .flags import DEFAULT_TIMEOUT, NPROC_WORDS
 from .hosts import TORCHRUN_DEFAULT_PORT
 from .ports import LOOPBACK, is_loopback
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+# The largest published torch.distributed jobs ran on 16,384 GPUs, 2,048 nodes (Llama 3,
+# arXiv:2407.21783); the largest clusters hold about 100,000 GPUs (12,500 nodes of 8). 65,536
+# leaves room above any real job and refuses a typo (an extra digit) before anything waits on it.
+MAX_NODES = 65536
+MAX_RANKS = 2**31 - 1  # ranks and world sizes are 32-bit ints in torch.distributed's C++ core
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -404,6 +430,9 @@ def _parse_nnodes(text: str) -> tuple[int, int]:
         raise RingtrainError(f"--nnodes {text!r} is neither N nor MIN:MAX", "e.g. --nnodes 2 or --nnodes 1:4.") from e
     if len(parts) > 2 or not 1 <= low <= high:
         raise RingtrainError(f"--nnodes {text!r} is not a valid node count", "use N >= 1, or MIN:MAX with 1 <= MIN <= MAX.")
+    if high > MAX_NODES:
+        raise RingtrainError(f"--nnodes {text!r}: more than {MAX_NODES:,} nodes, more than any torch.distributed job "
+                             "has run on", "check the number (an extra digit?): give the number of machines in the job.")
     return low, high
 
 
@@ -492,6 +521,9 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
     gpus = _parse_gpus(ns.gpus) if ns.gpus is not None else None
     nproc = _resolve_nproc(_nproc_text(ns), gpus)
     _, max_nodes = _parse_nnodes(ns.nnodes)
+    if nproc.isdigit() and int(nproc) * max_nodes > MAX_RANKS:
+        raise RingtrainError(f"--nproc-per-node {nproc} x --nnodes {ns.nnodes}: more ranks than torch.distributed can "
+                             f"number ({MAX_RANKS:,})", "give the number of workers on each node (e.g. one per GPU).")
     if not 0 <= ns.node_rank < max_nodes:
         raise RingtrainError(
             f"--node-rank {ns.node_rank} with --nnodes {ns.nnodes}: node ranks are 0..{max_nodes - 1}",
@@ -559,17 +591,20 @@ def torchrun_argv(plan: Plan, port: int) -> list[str]:
     torchrun's parser (see ``torchrun_args``).
     """
     from .rendezvous import BACKEND
+    from .waiting import ELASTIC
 
     argv = ["--nnodes", plan.nnodes, "--nproc-per-node", plan.nproc, "--max-restarts", str(plan.max_restarts)]
     bare = plan.master_addr.strip("[]")
     host = f"[{bare}]" if ":" in bare else bare  # an IPv6 address goes in brackets
     if plan.elastic:
-        # Membership by rendezvous (torch/distributed/run.py, "Elastic"). Once MIN nodes are in, c10d
+        # Membership by rendezvous (torch/distributed/run.py, "Elastic"); torch's c10d backend is
+        # wrapped so that it says what it waits for (waiting.py). Once MIN nodes are in, c10d
         # waits last_call_timeout (30 s by default) for more; keep that inside --timeout or every join
         # would time out. The user's --rdzv-conf wins.
         last_call = min(30, max(1, plan.timeout // 2))
         conf = {"join_timeout": plan.timeout, "last_call_timeout": last_call, **plan.rdzv_conf}
-        argv += ["--rdzv-backend", plan.rdzv_backend or "c10d", "--rdzv-endpoint", f"{host}:{port}",
+        backend = plan.rdzv_backend or "c10d"
+        argv += ["--rdzv-backend", ELASTIC if backend == "c10d" else backend, "--rdzv-endpoint", f"{host}:{port}",
                  "--rdzv-id", plan.rdzv_id or f"ringtrain-{port}"]
     else:
         # torchrun's static rendezvous (explicit node ranks, node 0 hosts the store, a bounded
@@ -613,20 +648,6 @@ def _say_plan(plan: Plan, args) -> None:
         print(f"ringtrain run:   {key}={os.environ[key]}", file=sys.stderr)
 
 
-def _rendezvous_failure(plan: Plan, port: int, error: BaseException) -> RingtrainError:
-    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    where = f"{plan.master_addr}:{port}"
-    if plan.node_rank == 0 and not plan.elastic:
-        hint = (f"start `ringtrain run --node-rank R` with the same --nnodes/--master-addr/--master-port on "
-                f"the other {plan.max_nodes - 1} node(s) within --timeout ({plan.timeout} s).")
-        what = f"node 0 waited for the other nodes of {plan.nnodes} at {where} and gave up"
-    else:
-        hint = (f"check that node 0 is running and that {where} is reachable from here "
-                f"(`nc -zv {plan.master_addr} {port}`); raise --timeout if node 0 starts later.")
-        what = f"could not join the rendezvous at {where}"
-    return RingtrainError(f"{what} after --timeout {plan.timeout} s: {first_line}", hint)
-
-
 def execute(plan: Plan) -> int:
     """Run the job through torchrun's agent in this process; return the exit code."""
     # torch is imported here, not at module level: `--help` and argument errors stay fast.
@@ -637,13 +658,15 @@ def execute(plan: Plan) -> int:
     from torch.distributed.elastic.rendezvous import RendezvousError
 
     from ..failures import stop_leftover_groups
-    from . import rendezvous
+    from . import rendezvous, waiting
     from .ports import host_store, is_loopback, keep_gloo_on_loopback
     from ..board import job_board
     from .report import format_child_failure, remove_native_dumps, run_summary
     from .stacks import StackRequests
 
     rendezvous.register()
+    waiting.register_elastic()
+    started = time.monotonic()
 
     store = None  # node 0's TCPStore, held open until the job ends
     port = plan.master_port
@@ -687,7 +710,10 @@ def execute(plan: Plan) -> int:
         print(f"ringtrain run: stopped by {e.sigval.name}; all workers on this node were stopped.", file=sys.stderr)
         return 128 + int(e.sigval)
     except (DistError, RendezvousError) as e:
-        raise _rendezvous_failure(plan, port, e) from e
+        raise waiting.rendezvous_failure(
+            node_rank=plan.node_rank, elastic=plan.elastic, nnodes=plan.nnodes, max_nodes=plan.max_nodes,
+            master_addr=plan.master_addr, port=port, timeout=plan.timeout, error=e,
+            seconds=time.monotonic() - started) from e
     finally:
         requests.uninstall()
         remove_native_dumps()
@@ -721,9 +747,12 @@ def main(argv: list[str] | None = None) -> int:
         return hosts.run_nodes(nodes)
     try:
         plan = plan_from_args(ns)
+        warnings = preflight.check(plan)  # against this machine: here, not in plan_from_args, which -H runs elsewhere
     except RingtrainError as e:
         print(f"ringtrain run: {e}", file=sys.stderr)
         return 2
+    for warning in warnings:
+        print(f"ringtrain run: {warning}", file=sys.stderr, flush=True)
     try:
         return execute(plan)
     except RingtrainError as e:

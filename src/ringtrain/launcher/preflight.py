@@ -1,0 +1,107 @@
+"""Checks of a valid plan against this machine, before anything starts.
+
+``plan_from_args`` checks the command line by itself; what it cannot know is the machine
+it runs on. A ``--master-addr`` on node 0 that is not one of this machine's addresses used
+to reach the store's C++ client, which tried to connect to the other machine for
+``--timeout`` seconds and then printed a C++ stack; a node 0 that cannot hold one open
+file per peer connection waited for nodes whose connections it would refuse; nine workers
+on two cores started without a word. Here:
+
+* ``master_is_here`` — node 0 of a fixed-size job hosts the store at ``--master-addr``,
+  so the address must be this machine's (a bind test: ports.is_this_machine).
+* ``store_fits`` — node 0's store holds a connection per node's agent (two: the
+  rendezvous and its counter, rendezvous.py) and per worker, each an open file: more than
+  ``ulimit -n`` allows cannot form.
+* ``oversubscription`` — a warning, not an error: more than ``OVERSUBSCRIBED`` workers per
+  usable CPU core (or per visible GPU) is allowed, but every step then waits for the
+  slowest of processes that take turns on a core.
+
+Only the ``env_info`` functions look at the machine; tests replace them to play another one.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING
+
+from ..errors import RingtrainError
+from . import env_info
+from .ports import is_this_machine
+
+if TYPE_CHECKING:
+    from .run import Plan
+
+OVERSUBSCRIBED = 4  # workers per core (or per GPU) above which ringtrain warns
+STORE_CLIENTS_PER_NODE = 3  # each node's agent: the rendezvous client and its counter (rendezvous.py), one spare
+SPARE_FILES = 64  # what the agent itself keeps open: Python, torch's libraries, logs, pipes
+
+
+def _numeric(nproc: str) -> int | None:
+    return int(nproc) if nproc.isdigit() else None  # "auto"/"cpu"/"gpu" count the devices: never too many
+
+
+def master_is_here(plan: Plan) -> None:
+    """Node 0 of a fixed-size job hosts the store at ``--master-addr``: refuse another machine's address."""
+    if plan.elastic or plan.node_rank != 0:
+        return  # elastic: the c10d rendezvous hosts the store wherever --master-addr is
+    try:
+        here = is_this_machine(plan.master_addr)
+    except (socket.gaierror, UnicodeError) as e:
+        raise RingtrainError(
+            f"--master-addr {plan.master_addr!r} does not resolve on this machine (node 0): "
+            f"{getattr(e, 'strerror', None) or e}",
+            "give node 0's own address or host name (e.g. the output of `hostname -I`), the same on every node.",
+        ) from e
+    if not here:
+        raise RingtrainError(
+            f"--master-addr {plan.master_addr} is not an address of this machine, but this is node 0 "
+            "(--node-rank 0), which hosts the rendezvous there",
+            "on node 0 give one of its own addresses (`hostname -I` lists them) and the same --master-addr on "
+            "every other node; or, if node 0 is that other machine, give this node its own --node-rank.",
+        )
+
+
+def store_fits(plan: Plan) -> None:
+    """Node 0 needs an open file per connection to its store: refuse a job that ``ulimit -n`` cannot hold."""
+    if plan.elastic or plan.node_rank != 0:
+        return
+    limit = env_info.open_files_limit()
+    if limit is None:
+        return
+    workers = _numeric(plan.nproc) or 1
+    needed = plan.max_nodes * (workers + STORE_CLIENTS_PER_NODE) + SPARE_FILES
+    if needed > limit:
+        raise RingtrainError(
+            f"--nnodes {plan.nnodes} with {workers} worker(s) each: node 0 would need about {needed:,} open files "
+            f"for its store's connections, but this process may open only {limit:,} (ulimit -n)",
+            f"check --nnodes; for a job this size raise the limit on node 0 (`ulimit -n {needed}` in the shell that "
+            "starts it, or LimitNOFILE= for a systemd service).",
+        )
+
+
+def oversubscription(plan: Plan) -> str | None:
+    """A warning line when this node would run more than OVERSUBSCRIBED workers per core, or per GPU."""
+    workers = _numeric(plan.nproc)
+    if workers is None:
+        return None
+    cores = env_info.usable_cpus()
+    if workers > OVERSUBSCRIBED * cores:
+        return (f"warning: {workers} workers on this node, but only {cores} CPU core(s) are usable here: more than "
+                f"{OVERSUBSCRIBED} per core, so they take turns and every step waits for the slowest.\n"
+                f"HINT: use --nproc-per-node {OVERSUBSCRIBED * cores} or fewer (--nproc-per-node cpu starts one per "
+                "core), or spread the job over more nodes.")
+    if plan.gpus is None:  # --gpus already allows at most one worker per listed GPU
+        gpus = env_info.visible_gpus()
+        if gpus and workers > OVERSUBSCRIBED * gpus:
+            return (f"warning: {workers} workers on this node, and {gpus} GPU(s) visible: if the workers use the "
+                    f"GPUs, more than {OVERSUBSCRIBED} share each one.\n"
+                    "HINT: use --nproc-per-node gpu (one worker per GPU), or ignore this for CPU (Gloo) training.")
+    return None
+
+
+def check(plan: Plan) -> list[str]:
+    """Refuse what this machine cannot run (RingtrainError); return the warnings to print."""
+    master_is_here(plan)
+    store_fits(plan)
+    warning = oversubscription(plan)
+    return [warning] if warning else []

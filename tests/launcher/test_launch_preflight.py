@@ -1,0 +1,103 @@
+"""What this machine cannot run is refused before anything starts; too many workers per core get a warning.
+
+Real `ringtrain run` processes for what users see; ``env_info``'s detection functions are the
+only thing replaced, to play a machine with other cores or GPUs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from _launch_util import ALLREDUCE, child_env, free_port, outputs, ringtrain_cmd, run_ringtrain, write
+
+from ringtrain.errors import RingtrainError
+from ringtrain.launcher import env_info, preflight, run
+from ringtrain.launcher.ports import is_this_machine
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _refused(proc: subprocess.CompletedProcess, *words: str) -> None:
+    assert proc.returncode == 2, outputs(proc)
+    assert all(w in proc.stderr for w in words) and "\nHINT: " in proc.stderr, outputs(proc)
+    assert "Traceback" not in proc.stderr and "RESULT" not in proc.stdout, outputs(proc)
+
+
+@pytest.mark.parametrize("count", ["99999999999999999999", "100000", "1:100000"])
+def test_impossible_node_counts_are_refused(tmp_path, count):
+    proc = run_ringtrain("run", "--nnodes", count, str(write(tmp_path / "train.py", ALLREDUCE)), timeout=60)
+    _refused(proc, f"--nnodes '{count}': more than 65,536 nodes")
+
+
+def test_world_sizes_past_torchs_32_bit_ranks_are_refused(tmp_path):
+    proc = run_ringtrain("run", "--nproc-per-node", "99999999999999999999", str(write(tmp_path / "t.py", ALLREDUCE)),
+                         timeout=60)
+    _refused(proc, "more ranks than torch.distributed can number")
+
+
+def test_node_0_refuses_a_master_addr_that_is_another_machine(tmp_path):
+    script = str(write(tmp_path / "train.py", ALLREDUCE))
+    start = time.monotonic()
+    proc = run_ringtrain("run", "--nnodes", "2", "--master-addr", "192.0.2.1", script, timeout=60)  # TEST-NET-1
+    _refused(proc, "--master-addr 192.0.2.1 is not an address of this machine, but this is node 0")
+    assert time.monotonic() - start < 60
+    _refused(run_ringtrain("run", "--nnodes", "2", "--master-addr", "node0.invalid", script, timeout=60),
+             "--master-addr 'node0.invalid' does not resolve on this machine (node 0)")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ulimit -n in a shell")
+def test_node_0_refuses_more_nodes_than_its_open_files_allow(tmp_path):
+    script = str(write(tmp_path / "train.py", ALLREDUCE))
+    command = " ".join(ringtrain_cmd("run", "--nnodes", "100", "--master-port", str(free_port()), script))
+    proc = subprocess.run(["bash", "-c", f"ulimit -n 256 && exec {command}"], capture_output=True, text=True,
+                          timeout=60, env=child_env())
+    _refused(proc, "node 0 would need about 464 open files", "only 256 (ulimit -n)", "ulimit -n 464")
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
+def test_more_than_four_workers_per_core_get_a_warning(tmp_path):
+    # One usable core (taskset) and five workers. Node 1 of a job whose node 0 never comes: the
+    # warning is printed before the rendezvous, and no worker starts.
+    script = str(write(tmp_path / "train.py", ALLREDUCE))
+    command = ringtrain_cmd("run", "--nproc-per-node", "5", "--nnodes", "2", "--node-rank", "1",
+                            "--master-port", str(free_port()), "--timeout", "2", script)
+    proc = subprocess.run(["taskset", "-c", "0", *command], capture_output=True, text=True, timeout=90, env=child_env())
+    assert ("ringtrain run: warning: 5 workers on this node, but only 1 CPU core(s) are usable here: more than 4 per "
+            "core") in proc.stderr, outputs(proc)
+    assert "HINT: use --nproc-per-node 4 or fewer" in proc.stderr, outputs(proc)
+    assert proc.returncode == 1 and "RESULT" not in proc.stdout, outputs(proc)  # node 0 never came
+
+
+def _plan(tmp_path, *args: str) -> run.Plan:
+    script = write(tmp_path / "train.py", ALLREDUCE)
+    return run.plan_from_args(run.build_parser().parse_args([*args, str(script)]))
+
+
+def test_the_warning_counts_usable_cores_and_visible_gpus(tmp_path, monkeypatch):
+    monkeypatch.setattr(env_info, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(env_info, "visible_gpus", lambda: 0)
+    assert preflight.oversubscription(_plan(tmp_path, "--nproc-per-node", "8")) is None  # 4 per core: fine
+    assert "9 workers on this node, but only 2 CPU core(s)" in preflight.oversubscription(
+        _plan(tmp_path, "--nproc-per-node", "9"))
+    for word in ("cpu", "auto"):  # counted from the machine: never too many
+        assert preflight.oversubscription(_plan(tmp_path, "--nproc-per-node", word)) is None
+    monkeypatch.setattr(env_info, "usable_cpus", lambda: 64)
+    monkeypatch.setattr(env_info, "visible_gpus", lambda: 1)
+    assert "5 workers on this node, and 1 GPU(s) visible" in preflight.oversubscription(
+        _plan(tmp_path, "--nproc-per-node", "5"))
+    assert preflight.oversubscription(_plan(tmp_path, "--nproc-per-node", "4")) is None
+    assert preflight.check(_plan(tmp_path, "--nproc-per-node", "5"))[0].startswith("warning: 5 workers")
+
+
+def test_only_node_0_of_a_fixed_size_job_must_be_the_master(tmp_path):
+    elsewhere = ("--master-addr", "192.0.2.1")
+    with pytest.raises(RingtrainError, match="not an address of this machine"):
+        preflight.master_is_here(_plan(tmp_path, "--nnodes", "2", *elsewhere))
+    preflight.master_is_here(_plan(tmp_path, "--nnodes", "2", "--node-rank", "1", *elsewhere))  # node 0 is there
+    preflight.master_is_here(_plan(tmp_path, "--nnodes", "1:2", *elsewhere))  # elastic: whoever holds the address
+    assert is_this_machine("127.0.0.1") and is_this_machine("localhost") and is_this_machine("[::1]")
+    assert not is_this_machine("192.0.2.1")
