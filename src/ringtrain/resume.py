@@ -21,13 +21,14 @@ writes, safe loading, the folder's manifest), or a sharded folder every rank wri
 
 from __future__ import annotations
 
+import datetime
 import os
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from . import checkpoint, sharded, state
+from . import checkpoint, fingerprint, folder_lock, sharded, state
 from .activity import ACTIVITY
 from .data import RingLoader, move_to_device
 from .errors import RingtrainError
@@ -40,7 +41,8 @@ class Resumer:
     def __init__(self, strategy: Any, step: Step, scaler: torch.amp.GradScaler,
                  loaders: list[RingLoader], epoch: Callable[[], int | None], say: Callable[[str], None],
                  checkpoints: checkpoint.CheckpointDir | None = None,
-                 module_of: Callable[[torch.optim.Optimizer], nn.Module | None] = lambda optimizer: None):
+                 module_of: Callable[[torch.optim.Optimizer], nn.Module | None] = lambda optimizer: None,
+                 resume: str = "auto", global_batch: Callable[[], int | None] = lambda: None):
         self.strategy = strategy
         self.step = step
         self.scaler = scaler
@@ -53,10 +55,21 @@ class Resumer:
         self._targets: dict[str, Any] = {}  # what the periodic save writes
         self._loader_states: list[dict[str, Any]] = []  # saved positions, by loader index
         self._async: sharded.AsyncSave | None = None
+        self.resume = resume
+        self.global_batch = global_batch
+        self._fingerprint: dict[str, Any] = {"entries": {}}  # this run's configuration (fingerprint.py)
+        self._resumed: dict[str, Any] | None = None  # the fingerprint of the checkpoint resumed from
+        self._lock: folder_lock.FolderLock | None = None
+        self._claim()
 
     @staticmethod
-    def checkpoint_dir(folder: str | None, save_every: int | None, keep_last: int) -> checkpoint.CheckpointDir | None:
-        """``Ring(checkpoint_dir=, save_every=, keep_last=)``, checked before any process group forms."""
+    def checkpoint_dir(folder: str | None, save_every: int | None, keep_last: int,
+                       resume: str = "auto") -> checkpoint.CheckpointDir | None:
+        """``Ring(checkpoint_dir=, save_every=, keep_last=, resume=)``, checked before any process group forms."""
+        if resume not in RESUME or (resume != "auto" and folder is None):
+            raise RingtrainError(f"Ring got resume={resume!r} with checkpoint_dir={folder!r}",
+                                 "resume= says what to do with the checkpoints already in a checkpoint_dir: 'auto' "
+                                 "(resume when the run's configuration is the same), 'force' or 'never'.")
         if save_every is not None and (not isinstance(save_every, int) or save_every < 1 or folder is None):
             raise RingtrainError(
                 f"Ring got save_every={save_every!r} with checkpoint_dir={folder!r}",
@@ -69,18 +82,101 @@ class Resumer:
         return self.strategy.rank == 0
 
     # --- 1, 2: what the ring set up ------------------------------------------------------
+    def _claim(self) -> None:
+        """The main process makes the folder ready and takes it for this job (folder_lock.py); every rank
+        gets the outcome, so a refusal raises on all of them."""
+        if self.checkpoints is None:
+            return
+
+        def claim() -> list[str]:
+            self.checkpoints.check_writable()  # a folder that cannot take a checkpoint is named now, not at step N
+            self._lock = folder_lock.FolderLock(self.checkpoints.folder)
+            said = [self._lock.acquire(folder_lock.job_of(os.environ))]
+            try:
+                self.checkpoints.prepare()
+                if self.resume == "never" and self.strategy.env.restart_count == 0:
+                    said.append(_set_aside(self.checkpoints))
+            except BaseException:
+                self.release()
+                raise
+            return [line for line in said if line]
+
+        for line in self._agree(claim):
+            self.say(line)
+
+    def release(self) -> None:
+        """Give the checkpoint folder back (main process; ``ring.close``)."""
+        if self._lock is not None:
+            self._lock.release()
+
     def track(self, targets: dict[str, Any]) -> None:
         if self.checkpoints is None:
             return
         self._targets.update(targets)
-        latest = self.checkpoints.latest_readable() if self.is_main else None
-        latest = self.strategy.broadcast_object(latest)
+        self._fingerprint["entries"].update(self._describe(targets))
+        latest, said, self._resumed = self._agree(lambda: self._choose(list(targets)))
+        for line in said:
+            self.say(line)
         if latest is None:
             return
         self.load(latest, **targets)
         self.say(f"ringtrain: resumed from {latest} (epoch {self.resume_epoch}, step {self.step.optimizer_steps})")
 
+    def _describe(self, targets: dict[str, Any]) -> dict[str, Any]:
+        """Fingerprints of the models (every rank's parameters united: a pipeline stage holds only its own)
+        and optimizers in ``targets`` (collective)."""
+        described = {}
+        for name, target in targets.items():
+            if isinstance(target, nn.Module):
+                mine = {k: state.global_shape(p) for k, p in self.strategy.named_parameters(target).items()}
+                shapes = {k: v for every in self.strategy.gather_object(mine) for k, v in every.items()}
+                described[name] = fingerprint.of_module(shapes)
+            elif isinstance(target, torch.optim.Optimizer):
+                described[name] = fingerprint.of_optimizer(target)
+        return described
+
+    def _choose(self, names: list[str]) -> tuple[str | None, list[str], dict[str, Any] | None]:
+        """Main process: the checkpoint to resume from (or None), what to say, by ``resume=``, and its fingerprint."""
+        latest = self.checkpoints.latest_readable()  # type: ignore[union-attr]
+        if latest is None:
+            return None, [], None
+        saved = fingerprint.saved_in(latest)
+        if saved is None:
+            return latest, [], None  # written before checkpoints held their configuration: nothing to compare
+        said = []
+        if saved.get("world_size") not in (None, self.strategy.world_size):
+            said.append(f"ringtrain: {os.path.basename(latest)} was written by {saved['world_size']} processes, "
+                        f"this run has {self.strategy.world_size}: its state is loaded at the new size")
+        changed = fingerprint.differences(saved, self._run_fingerprint(), names)
+        return latest, said + self._judge(latest, changed), saved
+
+    def _judge(self, latest: str, changed: list[str]) -> list[str]:
+        """Refuse (``resume="auto"``) or announce (``"force"``) the differences found."""
+        if not changed:
+            return []
+        if self.resume == "auto":
+            raise RingtrainError(
+                f"checkpoint_dir {self.checkpoints.folder!r} holds {os.path.basename(latest)}, written by a run "  # type: ignore[union-attr]
+                "configured differently:\n  " + "\n  ".join(changed),
+                "to continue from it under this configuration anyway, pass Ring(resume='force'); to start afresh, "
+                "Ring(resume='never') (its checkpoints are moved into a previous-* folder inside it, not deleted); "
+                "or give this run a checkpoint_dir of its own.")
+        return [f"ringtrain: resume='force': resuming from {os.path.basename(latest)} although the configuration "
+                "changed:\n  " + "\n  ".join(changed)]
+
+    def _run_fingerprint(self) -> dict[str, Any]:
+        return {**self._fingerprint, "world_size": self.strategy.world_size, "global_batch": self.global_batch()}
+
     def add_loader(self, made: RingLoader) -> None:
+        if self._resumed is not None and self.global_batch() is not None:  # the first training loader
+            saved, self._resumed = self._resumed, None
+            line, resized = fingerprint.batch_difference(saved, self.strategy.world_size, self.global_batch())
+            if line is not None and resized:
+                self.say(f"ringtrain: {line}, with the world size ({saved['world_size']} -> "
+                         f"{self.strategy.world_size} processes)")
+            elif line is not None:
+                for said in self._judge(self.checkpoints.latest() or "the newest checkpoint", [line]):  # type: ignore[union-attr]
+                    self.say(said)
         index = self.loaders.index(made)
         if index < len(self._loader_states):
             _resume_loader(made, self._loader_states[index])
@@ -99,8 +195,8 @@ class Resumer:
         path = self.checkpoints.path_for(number, folder=folders)  # type: ignore[union-attr]
         if not folders:
             self.save(path, full=True, **self._targets)
-            if self.is_main:
-                self.checkpoints.commit(path, step=number, epoch=self.epoch())  # type: ignore[union-attr]
+            epoch = self.epoch()
+            self._agree(lambda: self.checkpoints.commit(path, step=number, epoch=epoch))  # type: ignore[union-attr]
             return
         self.flush()  # one save in flight at a time: the next waits for the previous
         tensors, skeleton, kinds, meta = self._sharded_parts(self._targets)
@@ -217,6 +313,7 @@ class Resumer:
             "step": self.step.state_dict(),
             "scaler": self.scaler.state_dict(),
             "comm": self.strategy.comm_state(),
+            "fingerprint": self._run_fingerprint(),
         }
 
     def _names(self, optimizer: torch.optim.Optimizer) -> tuple[dict[str, nn.Parameter], dict[int, str]]:
@@ -348,6 +445,24 @@ class Resumer:
             self.resume_epoch = min(nexts)
         elif saved_epoch is not None:
             self.resume_epoch = saved_epoch + 1
+
+
+RESUME = ("auto", "force", "never")
+
+
+def _set_aside(folder: checkpoint.CheckpointDir) -> str | None:
+    """``resume="never"``: move the folder's manifest and checkpoints into ``previous-<time>/`` inside it, so
+    this run starts afresh and its own saves can neither overwrite nor rotate them away; nothing is deleted."""
+    names = folder.own_names()
+    if not names:
+        return None
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    aside = os.path.join(folder.folder, f"previous-{stamp}")
+    os.makedirs(aside)
+    for name in names:
+        os.rename(os.path.join(folder.folder, name), os.path.join(aside, name))
+    return (f"ringtrain: resume='never': starting afresh; what was in {folder.folder} ({', '.join(names)}) was "
+            f"moved to {aside}, nothing deleted")
 
 
 def _failure_line(error: BaseException) -> str:
