@@ -45,7 +45,7 @@ def _plain(value: Any) -> Any:
 
 def of_module(shapes: Mapping[str, Any]) -> dict[str, Any]:
     """A model's fingerprint from its parameters' unsplit names and global shapes."""
-    return {"kind": "module", "parameters": {name: [int(n) for n in shape] for name, shape in sorted(shapes.items())}}
+    return {"kind": "module", "parameters": {name: [int(n) for n in shape] for name, shape in shapes.items()}}
 
 
 def of_optimizer(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

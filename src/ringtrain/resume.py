@@ -21,14 +21,13 @@ writes, safe loading, the folder's manifest), or a sharded folder every rank wri
 
 from __future__ import annotations
 
-import datetime
 import os
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from . import checkpoint, fingerprint, folder_lock, sharded, state
+from . import checkpoint, fingerprint, folder_lock, resume_policy, sharded, state
 from .activity import ACTIVITY
 from .data import RingLoader, move_to_device
 from .errors import RingtrainError
@@ -58,7 +57,8 @@ class Resumer:
         self.resume = resume
         self.global_batch = global_batch
         self._fingerprint: dict[str, Any] = {"entries": {}}  # this run's configuration (fingerprint.py)
-        self._resumed: dict[str, Any] | None = None  # the fingerprint of the checkpoint resumed from
+        self._resumed: dict[str, Any] | None = None  # the fingerprint of the checkpoint resumed from, until checked
+        self._resumed_from = ""
         self._lock: folder_lock.FolderLock | None = None
         self._claim()
 
@@ -66,10 +66,7 @@ class Resumer:
     def checkpoint_dir(folder: str | None, save_every: int | None, keep_last: int,
                        resume: str = "auto") -> checkpoint.CheckpointDir | None:
         """``Ring(checkpoint_dir=, save_every=, keep_last=, resume=)``, checked before any process group forms."""
-        if resume not in RESUME or (resume != "auto" and folder is None):
-            raise RingtrainError(f"Ring got resume={resume!r} with checkpoint_dir={folder!r}",
-                                 "resume= says what to do with the checkpoints already in a checkpoint_dir: 'auto' "
-                                 "(resume when the run's configuration is the same), 'force' or 'never'.")
+        resume_policy.check_argument(resume, folder)
         if save_every is not None and (not isinstance(save_every, int) or save_every < 1 or folder is None):
             raise RingtrainError(
                 f"Ring got save_every={save_every!r} with checkpoint_dir={folder!r}",
@@ -95,7 +92,7 @@ class Resumer:
             try:
                 self.checkpoints.prepare()
                 if self.resume == "never" and self.strategy.env.restart_count == 0:
-                    said.append(_set_aside(self.checkpoints))
+                    said.append(resume_policy.set_aside(self.checkpoints))
             except BaseException:
                 self.release()
                 raise
@@ -114,11 +111,16 @@ class Resumer:
             return
         self._targets.update(targets)
         self._fingerprint["entries"].update(self._describe(targets))
-        latest, said, self._resumed = self._agree(lambda: self._choose(list(targets)))
+        try:
+            latest, said, self._resumed = self._agree(lambda: self._choose(list(targets)))
+        except RingtrainError:
+            self.release()  # refused: the folder is not this run's to hold
+            raise
         for line in said:
             self.say(line)
         if latest is None:
             return
+        self._resumed_from = latest
         self.load(latest, **targets)
         self.say(f"ringtrain: resumed from {latest} (epoch {self.resume_epoch}, step {self.step.optimizer_steps})")
 
@@ -143,43 +145,34 @@ class Resumer:
         saved = fingerprint.saved_in(latest)
         if saved is None:
             return latest, [], None  # written before checkpoints held their configuration: nothing to compare
-        said = []
-        if saved.get("world_size") not in (None, self.strategy.world_size):
-            said.append(f"ringtrain: {os.path.basename(latest)} was written by {saved['world_size']} processes, "
-                        f"this run has {self.strategy.world_size}: its state is loaded at the new size")
         changed = fingerprint.differences(saved, self._run_fingerprint(), names)
-        return latest, said + self._judge(latest, changed), saved
-
-    def _judge(self, latest: str, changed: list[str]) -> list[str]:
-        """Refuse (``resume="auto"``) or announce (``"force"``) the differences found."""
-        if not changed:
-            return []
-        if self.resume == "auto":
-            raise RingtrainError(
-                f"checkpoint_dir {self.checkpoints.folder!r} holds {os.path.basename(latest)}, written by a run "  # type: ignore[union-attr]
-                "configured differently:\n  " + "\n  ".join(changed),
-                "to continue from it under this configuration anyway, pass Ring(resume='force'); to start afresh, "
-                "Ring(resume='never') (its checkpoints are moved into a previous-* folder inside it, not deleted); "
-                "or give this run a checkpoint_dir of its own.")
-        return [f"ringtrain: resume='force': resuming from {os.path.basename(latest)} although the configuration "
-                "changed:\n  " + "\n  ".join(changed)]
+        return latest, (resume_policy.world_size_note(latest, saved, self.strategy.world_size)
+                        + resume_policy.judge(self.resume, self.checkpoints.folder, latest, changed)), saved  # type: ignore[union-attr]
 
     def _run_fingerprint(self) -> dict[str, Any]:
         return {**self._fingerprint, "world_size": self.strategy.world_size, "global_batch": self.global_batch()}
 
     def add_loader(self, made: RingLoader) -> None:
         if self._resumed is not None and self.global_batch() is not None:  # the first training loader
-            saved, self._resumed = self._resumed, None
-            line, resized = fingerprint.batch_difference(saved, self.strategy.world_size, self.global_batch())
-            if line is not None and resized:
-                self.say(f"ringtrain: {line}, with the world size ({saved['world_size']} -> "
-                         f"{self.strategy.world_size} processes)")
-            elif line is not None:
-                for said in self._judge(self.checkpoints.latest() or "the newest checkpoint", [line]):  # type: ignore[union-attr]
-                    self.say(said)
+            self._check_batch(self._resumed)
         index = self.loaders.index(made)
         if index < len(self._loader_states):
             _resume_loader(made, self._loader_states[index])
+
+    def _check_batch(self, saved: dict[str, Any]) -> None:
+        """The global batch, known once the first training loader is made, against the checkpoint's (every rank)."""
+        self._resumed = None
+        line, resized = fingerprint.batch_difference(saved, self.strategy.world_size, self.global_batch())
+        if line is not None and resized:
+            self.say(f"ringtrain: {line}, with the world size ({saved['world_size']} -> {self.strategy.world_size})")
+        elif line is not None:
+            try:
+                said = resume_policy.judge(self.resume, self.checkpoints.folder, self._resumed_from, [line])  # type: ignore[union-attr]
+            except RingtrainError:
+                self.release()
+                raise
+            for text in said:
+                self.say(text)
 
     def take_resume_epoch(self) -> int | None:
         epoch, self.resume_epoch = self.resume_epoch, None
@@ -445,24 +438,6 @@ class Resumer:
             self.resume_epoch = min(nexts)
         elif saved_epoch is not None:
             self.resume_epoch = saved_epoch + 1
-
-
-RESUME = ("auto", "force", "never")
-
-
-def _set_aside(folder: checkpoint.CheckpointDir) -> str | None:
-    """``resume="never"``: move the folder's manifest and checkpoints into ``previous-<time>/`` inside it, so
-    this run starts afresh and its own saves can neither overwrite nor rotate them away; nothing is deleted."""
-    names = folder.own_names()
-    if not names:
-        return None
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    aside = os.path.join(folder.folder, f"previous-{stamp}")
-    os.makedirs(aside)
-    for name in names:
-        os.rename(os.path.join(folder.folder, name), os.path.join(aside, name))
-    return (f"ringtrain: resume='never': starting afresh; what was in {folder.folder} ({', '.join(names)}) was "
-            f"moved to {aside}, nothing deleted")
 
 
 def _failure_line(error: BaseException) -> str:
