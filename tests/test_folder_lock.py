@@ -79,6 +79,24 @@ def test_second_job_on_a_held_folder_is_refused_and_the_first_ends_as_alone(tmp_
     assert sorted(os.listdir(paths["ckpt"])) == ["manifest.json", "step-000000012.pt", "step-000000015.pt"]
 
 
+def test_a_job_killed_with_sigkill_and_started_again_takes_the_folder_over_and_resumes(tmp_path, capsys):
+    # One process, SIGKILLed while committing step 4's checkpoint: its lock stays, naming a pid that is gone.
+    folder = tmp_path / "ckpt"
+    proc = subprocess.run([sys.executable, jobs.__file__, "ckpt-kill", "--folder", str(folder), "--point", "temp-partial"],
+                          capture_output=True, text=True, timeout=120, env=child_env())
+    assert proc.returncode == -9, outputs(proc)
+    holder = json.loads((folder / LOCK).read_text())
+    assert holder["pid"] != os.getpid() and Owner(**holder).state() == "gone"  # the killed process's
+    params = jobs.checkpointed_run(str(folder))  # the same job, started again (here, in this process)
+    said = capsys.readouterr().out
+    assert f"ringtrain: took over checkpoint_dir {folder} from pid {holder['pid']} on host {holder['host']}" in said
+    assert "which is no longer running" in said
+    assert f"ringtrain: resumed from {folder / 'step-000000002.pt'}" in said
+    assert (params - jobs.checkpointed_run(str(tmp_path / "alone"))).abs().max().item() <= 1e-6
+    assert not (folder / LOCK).exists()
+
+
+@pytest.mark.stress
 @pytest.mark.timeout(300)
 def test_restart_after_rank_0_is_killed_takes_the_folder_over_and_resumes(tmp_path, alone):
     # Rank 0, the folder's holder, SIGKILLs itself after step 8; torchrun restarts the workers. The new rank 0

@@ -17,11 +17,9 @@ when it took the folder.
   again, or torchrun restarting its workers (``--max-restarts``). A holder on another host
   cannot be checked from here: refused, unless it is the same job by its launcher's run id
   (a restart whose rank 0 moved), and the message says how to take the folder explicitly.
-* **Released** on ``ring.close()``, and at the exit of the process otherwise; only a lock
-  that is still this holder's (its token) is removed.
-
-The writer tag (``writer_tag``) marks the temporary files ringtrain writes (checkpoint.py), so
-that one left by a writer that is gone can be told from one being written now.
+* **Released** on ``ring.close()``, and at the exit of the process otherwise (a process killed by
+  a signal leaves it: the next job finds its holder gone); only a lock that is still this holding's
+  (its token) is removed.
 """
 
 from __future__ import annotations
@@ -34,14 +32,13 @@ import fcntl
 import json
 import os
 import socket
-import tempfile
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Iterator, Mapping
 
 from .errors import RingtrainError
 from .failures import proc_stat
-from .temporaries import boot_id as _boot_id, writer_tag
+from .temporaries import boot_id as _boot_id, temporary
 
 LOCK = "ringtrain.lock"
 
@@ -190,7 +187,7 @@ class FolderLock:
 
     def _write(self, owner: Owner, replace: bool) -> bool:
         """Put ``owner`` in place, whole: over the old lock (``replace``), or only if there is none."""
-        fd, tmp = tempfile.mkstemp(prefix=f".{LOCK}.{writer_tag()}.", suffix=".tmp", dir=self.folder)
+        fd, tmp = temporary(self.folder, LOCK)
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(asdict(owner), f)

@@ -101,9 +101,10 @@ class Resumer:
         for line in self._agree(claim):
             self.say(line)
 
-    def release(self) -> None:
-        """Give the checkpoint folder back (main process; ``ring.close``)."""
-        if self._lock is not None:
+    def release(self, unless_saving: bool = False) -> None:
+        """Give the checkpoint folder back (main process; ``ring.close``), or keep it while an asynchronous save
+        is still being written (``unless_saving``: the process's exit gives it back)."""
+        if self._lock is not None and not (unless_saving and self.saving):
             self._lock.release()
 
     def track(self, targets: dict[str, Any]) -> None:

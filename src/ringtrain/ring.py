@@ -347,6 +347,5 @@ class Ring:
 
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
         timelines.close(self._timeline)
-        if not self.resumer.saving:  # an asynchronous save still writing keeps the folder until the process ends
-            self.resumer.release()
+        self.resumer.release(unless_saving=True)  # an asynchronous save still writing keeps the folder
         self.strategy.teardown(error if isinstance(error, Exception) else None)
