@@ -2,10 +2,14 @@
 
 The state machine, top to bottom:
 
+0. construction — with a ``checkpoint_dir``, the main process makes the folder ready and takes it
+   for this job (folder_lock.py; ``release()`` gives it back), every rank told the outcome;
 1. ``track(targets)`` — ``ring.setup`` hands over the model/optimizer/scheduler it made; with
-   a ``checkpoint_dir`` they become the periodic save's contents, and the newest complete
-   checkpoint in the folder is loaded into them now (a restarted job resumes here);
-2. ``add_loader(made)`` — a loader made after a load gets its saved position;
+   a ``checkpoint_dir`` they become the periodic save's contents, their configuration is
+   recorded (fingerprint.py), and the newest complete checkpoint in the folder is loaded into
+   them now if ``resume=`` allows it (resume_policy.py; a restarted job resumes here);
+2. ``add_loader(made)`` — a loader made after a load gets its saved position (the first training
+   loader also gives the global batch, checked against the checkpoint's);
 3. ``autosave()`` — the Ring calls it when ``Step.save_due`` says a periodic save is due, at a
    point it chooses (before the next batch is handed out, or when the epochs end);
    ``flush()`` waits for an asynchronous one still being written;
