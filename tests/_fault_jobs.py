@@ -40,6 +40,10 @@ KILL_HOW = "RINGTRAIN_TEST_KILL_HOW"  # "signal" (SIGKILL, the default) or "rais
 # Sharded checkpoints are written in the background: this many seconds of delay before each
 # rank writes its shards keeps a save in flight long enough to be killed during it.
 SLOW_WRITE = "RINGTRAIN_TEST_SLOW_WRITE"
+# Two jobs on one folder: every rank of the first stops after optimizer step HOLD_AT_STEP (rank 0
+# creates HOLD_DIR/holding) and goes on once the test creates HOLD_DIR/go.
+HOLD_AT_STEP = "RINGTRAIN_TEST_HOLD_AT_STEP"
+HOLD_DIR = "RINGTRAIN_TEST_HOLD_DIR"
 
 N_SAMPLES = 40
 BATCH = 4
@@ -107,25 +111,50 @@ def _maybe_die(rank: int, step: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _maybe_hold(rank: int, step: int) -> None:
+    if os.environ.get(HOLD_AT_STEP) != str(step):
+        return
+    folder = os.environ[HOLD_DIR]
+    if rank == 0:
+        open(os.path.join(folder, "holding"), "w").close()
+    deadline = time.monotonic() + 150
+    while not os.path.exists(os.path.join(folder, "go")):  # the test's event, polled
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank {rank}: nobody created {folder}/go")
+        time.sleep(0.05)
+
+
+def train_command(folder, *options: str) -> list[str]:
+    """``ringtrain run --nproc-per-node 2 --max-restarts 1 _fault_jobs.py train [options]`` into ``folder``."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher"))
+    from _launch_util import ringtrain_cmd
+
+    return ringtrain_cmd("run", "--nproc-per-node", "2", "--max-restarts", "1", os.path.abspath(__file__), "train",
+                         *options, "--ckpt", str(folder / "ckpt"), "--log", str(folder / "log"),
+                         "--out", str(folder / "params.pt"))
+
+
 def run_train(folder, *options: str, **fault: str):
-    """From a test: ``ringtrain run --nproc-per-node 2 --max-restarts 1 _fault_jobs.py train [options]`` into
-    ``folder`` (its ckpt/, log/ and params.pt), faults given as environment variables; (the finished
-    process, those paths)."""
+    """From a test: ``train_command`` run into ``folder`` (its ckpt/, log/ and params.pt), faults given as
+    environment variables; (the finished process, those paths)."""
     import subprocess
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher"))
-    from _launch_util import child_env, ringtrain_cmd
+    from _launch_util import child_env
 
+    paths = train_paths(folder)
+    proc = subprocess.run(train_command(folder, *options), capture_output=True, text=True, timeout=200,
+                          env=child_env(**fault))
+    return proc, paths
+
+
+def train_paths(folder) -> dict:
+    """``folder``'s ckpt/ and log/ (made here) and params.pt, as ``train_command`` uses them."""
     paths = {name: folder / name for name in ("ckpt", "log")}
     for path in paths.values():
         path.mkdir(parents=True)
     paths["out"] = folder / "params.pt"
-    proc = subprocess.run(
-        ringtrain_cmd("run", "--nproc-per-node", "2", "--max-restarts", "1", os.path.abspath(__file__), "train",
-                      *options, "--ckpt", str(paths["ckpt"]), "--log", str(paths["log"]), "--out", str(paths["out"])),
-        capture_output=True, text=True, timeout=200, env=child_env(**fault),
-    )
-    return proc, paths
+    return paths
 
 
 def _slow_writes(seconds: float) -> None:
@@ -151,7 +180,7 @@ def train_main(args: argparse.Namespace) -> None:
         strategy = rt.strategies.DDP(compression=rt.strategies.PowerSGD(rank=args.powersgd))
     ring = rt.Ring(strategy=strategy, seed=0, checkpoint_dir=args.ckpt, save_every=args.save_every, keep_last=2)
     model = dropout_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     model, optimizer = ring.setup(model, optimizer)  # resumes here after a restart
     loader = ring.loader(indexed_data(), batch_size=BATCH, shuffle=True)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -163,6 +192,7 @@ def train_main(args: argparse.Namespace) -> None:
             optimizer.zero_grad()
             log.record(step=ring.optimizer_steps, epoch=epoch, idx=idx.tolist(), attempt=attempt)
             _maybe_die(ring.rank, ring.optimizer_steps)
+            _maybe_hold(ring.rank, ring.optimizer_steps)
     whole = ring.strategy.module_state(model)  # the unsharded state on rank 0 (collective under FSDP)
     if ring.is_main:
         torch.save(torch.cat([v.flatten() for v in whole.values()]), args.out)
@@ -244,6 +274,40 @@ def ckpt_kill_main(args: argparse.Namespace) -> None:
 
     checkpointed_run(args.folder, keep_last=args.keep_last, on_step=on_step)
     print("finished without dying", flush=True)
+
+
+def user_save_kill_main(args: argparse.Namespace) -> None:
+    """The user's own ``ring.save(path)``, SIGKILLed halfway through writing its temporary file."""
+    ring = rt.Ring(seed=0)
+    model = ring.setup(dropout_model())
+    _arm("temp-partial")
+    ring.save(args.path, model=model)
+    print("finished without dying", flush=True)
+
+
+def manifest_full_main(args: argparse.Namespace) -> None:
+    """The disk is full exactly when step 4's manifest is written: the file system refuses the manifest's
+    temporary file (ENOSPC from fsync, at the OS call); everything before it went through."""
+    import errno
+
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        if name.startswith(".manifest.json.") and name.endswith(".tmp"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_fsync(fd)
+
+    def on_step(step: int) -> None:
+        if step == CKPT_EVERY + 1:  # step 2's checkpoint and manifest are written; step 4's meet the full disk
+            os.fsync = fsync
+
+    try:
+        checkpointed_run(args.folder, on_step=on_step)
+    except rt.RingtrainError as e:
+        print(f"ERROR {type(e).__name__}: {e}", flush=True)
+        sys.exit(3)
+    print("finished without an error", flush=True)
 
 
 # --- functions for ringtrain.launch -------------------------------------------------
@@ -406,16 +470,22 @@ def main(argv: list[str]) -> None:
     train.add_argument("--epochs", type=int, default=3)
     train.add_argument("--save-every", type=int, default=3)
     train.add_argument("--strategy", default="auto")
+    train.add_argument("--lr", type=float, default=0.1)
     train.add_argument("--powersgd", type=int, default=0, help="DDP with PowerSGD of this rank")
     kill = jobs.add_parser("ckpt-kill")
     kill.add_argument("--folder", required=True)
     kill.add_argument("--point", required=True)
     kill.add_argument("--arm-at", type=int, default=CKPT_EVERY + 1)
     kill.add_argument("--keep-last", type=int, default=2)
+    user_save = jobs.add_parser("user-save-kill")
+    user_save.add_argument("--path", required=True)
+    full = jobs.add_parser("manifest-full")
+    full.add_argument("--folder", required=True)
     soak = jobs.add_parser("soak")
     soak.add_argument("--cycles", type=int, default=50)
     args = parser.parse_args(argv)
-    {"train": train_main, "ckpt-kill": ckpt_kill_main, "soak": soak_main}[args.job](args)
+    {"train": train_main, "ckpt-kill": ckpt_kill_main, "soak": soak_main, "user-save-kill": user_save_kill_main,
+     "manifest-full": manifest_full_main}[args.job](args)
 
 
 if __name__ == "__main__":

@@ -236,18 +236,18 @@ def whole_params(ring: rt.Ring, model: nn.Module) -> torch.Tensor | None:
 
 
 def periodic(folder: str, epochs: int, stop_at_step: int | None = None, save_every: int = 2,
-             strategy: str = "auto") -> tuple:
+             strategy: str = "auto", lr: float = 0.1, resume: str = "auto", batch_size: int = 4) -> tuple:
     """Train with checkpoint_dir/save_every; stop (as if killed) right after ``stop_at_step``.
 
     Returns (params, every sample index seen, in order, as (epoch, index) pairs).
     """
-    ring = rt.Ring(strategy=strategy, seed=0, checkpoint_dir=folder, save_every=save_every, keep_last=2)
+    ring = rt.Ring(strategy=strategy, seed=0, checkpoint_dir=folder, save_every=save_every, keep_last=2, resume=resume)
     model = small_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     model, optimizer = ring.setup(model, optimizer)
     n = 40
     data = TensorDataset(regression_data(n).tensors[0], regression_data(n).tensors[1], torch.arange(n))
-    loader = ring.loader(data, batch_size=4, shuffle=True)
+    loader = ring.loader(data, batch_size=batch_size, shuffle=True)
     seen = []
     for epoch in ring.epochs(epochs):
         for x, y, idx in loader:
@@ -262,6 +262,15 @@ def periodic(folder: str, epochs: int, stop_at_step: int | None = None, save_eve
     params = whole_params(ring, model)
     ring.close()
     return params, seen
+
+
+def periodic_refused(folder: str, epochs: int, **kwargs) -> str:
+    """``periodic``, expected to be refused: the error's text ('' when it was not)."""
+    try:
+        periodic(folder, epochs, **kwargs)
+    except rt.RingtrainError as e:
+        return str(e)
+    return ""
 
 
 def misbehave(mode: str) -> tuple:

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
 import torch
 
+import _fault_jobs
 import _ring_jobs as jobs
 import ringtrain as rt
 from ringtrain import checkpoint
+from ringtrain.temporaries import writer_tag
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "launcher"))
+from _launch_util import child_env, outputs  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -122,6 +129,41 @@ def test_atomic_save_keeps_previous_file_on_failure(tmp_path):
         checkpoint.atomic_save({"v": Unpicklable()}, path)
     assert torch.load(path)["v"].item() == 1
     assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_a_user_save_killed_mid_write_leaves_a_temporary_the_next_save_removes(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    proc = subprocess.run([sys.executable, _fault_jobs.__file__, "user-save-kill", "--path", str(path)],
+                          capture_output=True, text=True, timeout=90, env=child_env())
+    assert proc.returncode == -9, outputs(proc)  # SIGKILL halfway through the temporary file
+    (left,) = os.listdir(tmp_path)
+    assert left.startswith(".ckpt.pt.") and left.endswith(".tmp") and (tmp_path / left).stat().st_size > 0
+    # Not touched: a temporary a live process is writing (this one), one from another host (cannot be checked).
+    host, pid = writer_tag().split("-")
+    live = tmp_path / f".other.pt.{host}-{pid}.abcd_123.tmp"
+    remote = tmp_path / f".other.pt.{'0' if host[0] != '0' else '1'}{host[1:]}-1.abcd_123.tmp"
+    for other in (live, remote):
+        other.write_bytes(b"being written")
+    ring = rt.Ring()
+    ring.save(str(path), model=ring.setup(jobs.small_model()))
+    assert sorted(os.listdir(tmp_path)) == sorted([live.name, remote.name, "ckpt.pt"])
+
+
+def test_a_full_disk_at_the_manifest_write_is_named_and_the_old_manifest_kept(tmp_path):
+    # Step 2's checkpoint and manifest are written; at step 4 the checkpoint file is written, then the file
+    # system refuses the new manifest (ENOSPC at the OS call).
+    folder = tmp_path / "ckpt"
+    proc = subprocess.run([sys.executable, _fault_jobs.__file__, "manifest-full", "--folder", str(folder)],
+                          capture_output=True, text=True, timeout=120, env=child_env())
+    assert proc.returncode == 3, outputs(proc)
+    manifest = folder / "manifest.json"
+    assert (f"ERROR RingtrainError: rank 0: cannot write the checkpoint manifest {str(manifest)!r}: No space left on "
+            "device (OSError, errno 28)\nHINT: check the folder's free space (df -h) and permissions (ls -ld), then "
+            "try again; the previous manifest is kept, so the newest checkpoint it lists is still the one resumed "
+            "from.") in proc.stdout, outputs(proc)
+    assert [e["step"] for e in json.loads(manifest.read_text())["checkpoints"]] == [2]
+    assert sorted(os.listdir(folder)) == ["manifest.json", "step-000000002.pt", "step-000000004.pt"]
+    assert checkpoint.CheckpointDir(folder).latest_readable() == str(folder / "step-000000002.pt")
 
 
 def test_rng_state_round_trip():

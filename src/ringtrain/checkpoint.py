@@ -27,7 +27,6 @@ import os
 import random
 import re
 import shutil
-import tempfile
 import warnings
 from collections import OrderedDict
 from typing import Any, Mapping
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 
 from .errors import RingtrainError
+from .temporaries import TAGGED, os_error_in, remove_dead_temporaries, temporary, write_failed, writer_gone
 
 META_KEY = "ringtrain"
 FORMAT = 1
@@ -100,7 +100,10 @@ def to_cpu(obj: Any) -> Any:
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to ``path`` so that it is either the old file or the complete new one."""
+    """``torch.save`` to ``path`` so that it is either the old file or the complete new one.
+
+    The temporary files of writers that died here (``kill -9`` mid-write) are removed first.
+    """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
@@ -108,23 +111,29 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
             f"cannot save the checkpoint {path!r}: folder {folder!r} does not exist",
             "create the folder first (os.makedirs(folder, exist_ok=True)) or save elsewhere.",
         )
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        remove_dead_temporaries(folder)
+        fd, tmp = temporary(folder, os.path.basename(path))
+    except OSError as e:
+        raise write_failed("the checkpoint", path, e, "the file that was at that path, if any, is unchanged") from e
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+        # The rename is durable only once the folder entry is on disk.
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if (refused := os_error_in(e)) is not None:
+            raise write_failed("the checkpoint", path, refused, "the file that was at that path, if any, is unchanged") from e
         raise
-    # The rename is durable only once the folder entry is on disk.
-    dir_fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def read(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -205,7 +214,8 @@ _STEP_FILE = re.compile(r"step-(\d{9,})(?:\.pt)?")  # CheckpointDir.path_for's n
 # probe; a sharded save's staging folder ".step-<n>.<mkdtemp's 8 characters>.tmp" (and ".old",
 # an older folder on its way out). One of that shape was never renamed to its final name, so it
 # never counted. Each is ours only as the kind it is made as (a file, or a folder).
-_OWN_TEMPORARY = re.compile(r"\.(?:step-\d{9,}\.pt|manifest\.json|ringtrain-write-check)\.[a-z0-9_]+\.tmp")
+_OWN_TEMPORARY = re.compile(
+    r"\.(?:step-\d{9,}\.pt|manifest\.json|ringtrain-write-check|ringtrain\.lock)\.(?:[0-9a-f]{8}-\d+\.)?[a-z0-9_]+\.tmp")
 _OWN_STAGING = re.compile(r"\.step-\d{9,}\.[a-z0-9_]{8}\.tmp(?:\.old)?")
 _MANIFEST_HINT = (
     "manifest entries are plain file names in the checkpoint folder (e.g. step-000000012.pt), and only ringtrain "
@@ -259,7 +269,7 @@ class CheckpointDir:
         """
         self._create()
         try:
-            fd, probe = tempfile.mkstemp(prefix=".ringtrain-write-check.", suffix=".tmp", dir=self.folder)
+            fd, probe = temporary(self.folder, "ringtrain-write-check")
         except OSError as e:
             raise RingtrainError(
                 f"checkpoint_dir {self.folder!r} is not writable ({type(e).__name__}: {e.strerror or e})",
@@ -277,7 +287,9 @@ class CheckpointDir:
         for name in names:
             path = os.path.join(self.folder, name)
             if _OWN_TEMPORARY.fullmatch(name) and os.path.isfile(path) and not os.path.islink(path):
-                os.unlink(path)
+                found = TAGGED.fullmatch(name)
+                if found is None or writer_gone(found["writer"]):  # a live writer's is being written now: left
+                    os.unlink(path)
             elif _OWN_STAGING.fullmatch(name) and os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)
         step_files = [n for n in names if _STEP_FILE.fullmatch(n)]
@@ -331,6 +343,10 @@ class CheckpointDir:
             stacklevel=3,
         )
 
+    def own_names(self) -> list[str]:
+        """The manifest and every checkpoint in the folder, listed or not (what ``resume="never"`` sets aside)."""
+        return sorted(n for n in os.listdir(self.folder) if n == self.MANIFEST or _STEP_FILE.fullmatch(n))
+
     # --- the manifest ----------------------------------------------------------
     def _inside(self, name: Any) -> str:
         """The path of manifest entry ``name``; refused unless it names a file in this folder."""
@@ -368,16 +384,22 @@ class CheckpointDir:
         return [e for e in entries if os.path.exists(self._inside(e["file"]))]
 
     def _write_manifest(self, entries: list[dict[str, Any]]) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.MANIFEST}.", suffix=".tmp", dir=self.folder)
+        """Replace the manifest atomically; a refused write (full disk) keeps the old one and says so."""
+        tmp = None
         try:
+            fd, tmp = temporary(self.folder, self.MANIFEST)
             with os.fdopen(fd, "w") as f:
                 json.dump({"format": FORMAT, "checkpoints": entries}, f, indent=1)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.manifest)
-        except BaseException:
-            if os.path.exists(tmp):
+        except BaseException as e:
+            if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
+            if (refused := os_error_in(e)) is not None:
+                raise write_failed("the checkpoint manifest", self.manifest, refused,
+                                   "the previous manifest is kept, so the newest checkpoint it lists is still the "
+                                   "one resumed from") from e
             raise
 
     # --- reading ---------------------------------------------------------------

@@ -2,10 +2,14 @@
 
 The state machine, top to bottom:
 
+0. construction — with a ``checkpoint_dir``, the main process makes the folder ready and takes it
+   for this job (folder_lock.py; ``release()`` gives it back), every rank told the outcome;
 1. ``track(targets)`` — ``ring.setup`` hands over the model/optimizer/scheduler it made; with
-   a ``checkpoint_dir`` they become the periodic save's contents, and the newest complete
-   checkpoint in the folder is loaded into them now (a restarted job resumes here);
-2. ``add_loader(made)`` — a loader made after a load gets its saved position;
+   a ``checkpoint_dir`` they become the periodic save's contents, their configuration is
+   recorded (fingerprint.py), and the newest complete checkpoint in the folder is loaded into
+   them now if ``resume=`` allows it (resume_policy.py; a restarted job resumes here);
+2. ``add_loader(made)`` — a loader made after a load gets its saved position (the first training
+   loader also gives the global batch, checked against the checkpoint's);
 3. ``autosave()`` — the Ring calls it when ``Step.save_due`` says a periodic save is due, at a
    point it chooses (before the next batch is handed out, or when the epochs end);
    ``flush()`` waits for an asynchronous one still being written;
@@ -27,7 +31,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from . import checkpoint, sharded, state
+from . import checkpoint, fingerprint, folder_lock, resume_policy, sharded, state
 from .activity import ACTIVITY
 from .data import RingLoader, move_to_device
 from .errors import RingtrainError
@@ -40,7 +44,8 @@ class Resumer:
     def __init__(self, strategy: Any, step: Step, scaler: torch.amp.GradScaler,
                  loaders: list[RingLoader], epoch: Callable[[], int | None], say: Callable[[str], None],
                  checkpoints: checkpoint.CheckpointDir | None = None,
-                 module_of: Callable[[torch.optim.Optimizer], nn.Module | None] = lambda optimizer: None):
+                 module_of: Callable[[torch.optim.Optimizer], nn.Module | None] = lambda optimizer: None,
+                 resume: str = "auto", global_batch: Callable[[], int | None] = lambda: None):
         self.strategy = strategy
         self.step = step
         self.scaler = scaler
@@ -53,10 +58,19 @@ class Resumer:
         self._targets: dict[str, Any] = {}  # what the periodic save writes
         self._loader_states: list[dict[str, Any]] = []  # saved positions, by loader index
         self._async: sharded.AsyncSave | None = None
+        self.resume = resume
+        self.global_batch = global_batch
+        self._fingerprint: dict[str, Any] = {"entries": {}}  # this run's configuration (fingerprint.py)
+        self._resumed: dict[str, Any] | None = None  # the fingerprint of the checkpoint resumed from, until checked
+        self._resumed_from = ""
+        self._lock: folder_lock.FolderLock | None = None
+        self._claim()
 
     @staticmethod
-    def checkpoint_dir(folder: str | None, save_every: int | None, keep_last: int) -> checkpoint.CheckpointDir | None:
-        """``Ring(checkpoint_dir=, save_every=, keep_last=)``, checked before any process group forms."""
+    def checkpoint_dir(folder: str | None, save_every: int | None, keep_last: int,
+                       resume: str = "auto") -> checkpoint.CheckpointDir | None:
+        """``Ring(checkpoint_dir=, save_every=, keep_last=, resume=)``, checked before any process group forms."""
+        resume_policy.check_argument(resume, folder)
         if save_every is not None and (not isinstance(save_every, int) or save_every < 1 or folder is None):
             raise RingtrainError(
                 f"Ring got save_every={save_every!r} with checkpoint_dir={folder!r}",
@@ -69,21 +83,101 @@ class Resumer:
         return self.strategy.rank == 0
 
     # --- 1, 2: what the ring set up ------------------------------------------------------
+    def _claim(self) -> None:
+        """The main process makes the folder ready and takes it for this job (folder_lock.py); every rank
+        gets the outcome, so a refusal raises on all of them."""
+        if self.checkpoints is None:
+            return
+
+        def claim() -> list[str]:
+            self.checkpoints.check_writable()  # a folder that cannot take a checkpoint is named now, not at step N
+            self._lock = folder_lock.FolderLock(self.checkpoints.folder)
+            said = [self._lock.acquire(folder_lock.job_of(os.environ))]
+            try:
+                self.checkpoints.prepare()
+                if self.resume == "never" and self.strategy.env.restart_count == 0:
+                    said.append(resume_policy.set_aside(self.checkpoints))
+            except BaseException:
+                self.release()
+                raise
+            return [line for line in said if line]
+
+        for line in self._agree(claim):
+            self.say(line)
+
+    def release(self, unless_saving: bool = False) -> None:
+        """Give the checkpoint folder back (main process; ``ring.close``), or keep it while an asynchronous save
+        is still being written (``unless_saving``: the process's exit gives it back)."""
+        if self._lock is not None and not (unless_saving and self.saving):
+            self._lock.release()
+
     def track(self, targets: dict[str, Any]) -> None:
         if self.checkpoints is None:
             return
         self._targets.update(targets)
-        latest = self.checkpoints.latest_readable() if self.is_main else None
-        latest = self.strategy.broadcast_object(latest)
+        self._fingerprint["entries"].update(self._describe(targets))
+        try:
+            latest, said, self._resumed = self._agree(lambda: self._choose(list(targets)))
+        except RingtrainError:
+            self.release()  # refused: the folder is not this run's to hold
+            raise
+        for line in said:
+            self.say(line)
         if latest is None:
             return
+        self._resumed_from = latest
         self.load(latest, **targets)
         self.say(f"ringtrain: resumed from {latest} (epoch {self.resume_epoch}, step {self.step.optimizer_steps})")
 
+    def _describe(self, targets: dict[str, Any]) -> dict[str, Any]:
+        """Fingerprints of the models (every rank's parameters united: a pipeline stage holds only its own)
+        and optimizers in ``targets`` (collective)."""
+        described = {}
+        for name, target in targets.items():
+            if isinstance(target, nn.Module):
+                mine = {k: state.global_shape(p) for k, p in self.strategy.named_parameters(target).items()}
+                shapes = {k: v for every in self.strategy.gather_object(mine) for k, v in every.items()}
+                described[name] = fingerprint.of_module(shapes)
+            elif isinstance(target, torch.optim.Optimizer):
+                described[name] = fingerprint.of_optimizer(target)
+        return described
+
+    def _choose(self, names: list[str]) -> tuple[str | None, list[str], dict[str, Any] | None]:
+        """Main process: the checkpoint to resume from (or None), what to say, by ``resume=``, and its fingerprint."""
+        latest = self.checkpoints.latest_readable()  # type: ignore[union-attr]
+        if latest is None:
+            return None, [], None
+        saved = fingerprint.saved_in(latest)
+        if saved is None:
+            return latest, [], None  # written before checkpoints held their configuration: nothing to compare
+        changed = fingerprint.differences(saved, self._run_fingerprint(), names)
+        return latest, (resume_policy.world_size_note(latest, saved, self.strategy.world_size)
+                        + resume_policy.judge(self.resume, self.checkpoints.folder, latest, changed)), saved  # type: ignore[union-attr]
+
+    def _run_fingerprint(self) -> dict[str, Any]:
+        return {**self._fingerprint, "world_size": self.strategy.world_size, "global_batch": self.global_batch()}
+
     def add_loader(self, made: RingLoader) -> None:
+        if self._resumed is not None and self.global_batch() is not None:  # the first training loader
+            self._check_batch(self._resumed)
         index = self.loaders.index(made)
         if index < len(self._loader_states):
             _resume_loader(made, self._loader_states[index])
+
+    def _check_batch(self, saved: dict[str, Any]) -> None:
+        """The global batch, known once the first training loader is made, against the checkpoint's (every rank)."""
+        self._resumed = None
+        line, resized = fingerprint.batch_difference(saved, self.strategy.world_size, self.global_batch())
+        if line is not None and resized:
+            self.say(f"ringtrain: {line}, with the world size ({saved['world_size']} -> {self.strategy.world_size})")
+        elif line is not None:
+            try:
+                said = resume_policy.judge(self.resume, self.checkpoints.folder, self._resumed_from, [line])  # type: ignore[union-attr]
+            except RingtrainError:
+                self.release()
+                raise
+            for text in said:
+                self.say(text)
 
     def take_resume_epoch(self) -> int | None:
         epoch, self.resume_epoch = self.resume_epoch, None
@@ -99,8 +193,8 @@ class Resumer:
         path = self.checkpoints.path_for(number, folder=folders)  # type: ignore[union-attr]
         if not folders:
             self.save(path, full=True, **self._targets)
-            if self.is_main:
-                self.checkpoints.commit(path, step=number, epoch=self.epoch())  # type: ignore[union-attr]
+            epoch = self.epoch()
+            self._agree(lambda: self.checkpoints.commit(path, step=number, epoch=epoch))  # type: ignore[union-attr]
             return
         self.flush()  # one save in flight at a time: the next waits for the previous
         tensors, skeleton, kinds, meta = self._sharded_parts(self._targets)
@@ -217,6 +311,7 @@ class Resumer:
             "step": self.step.state_dict(),
             "scaler": self.scaler.state_dict(),
             "comm": self.strategy.comm_state(),
+            "fingerprint": self._run_fingerprint(),
         }
 
     def _names(self, optimizer: torch.optim.Optimizer) -> tuple[dict[str, nn.Parameter], dict[int, str]]:

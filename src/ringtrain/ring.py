@@ -42,7 +42,8 @@ class Ring:
     needed), ``timeout`` (seconds, forming the group and every collective). How: ``accumulate``,
     ``precision`` (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``), ``sync_batchnorm``, ``seed``,
     ``deterministic``, ``cudnn_benchmark``. Safety: ``checkpoint_dir`` + ``save_every`` +
-    ``keep_last`` (periodic saves; a restarted job resumes in ``setup``), ``nonfinite``
+    ``keep_last`` + ``resume`` (periodic saves in a folder one job holds; a restarted job resumes in ``setup``
+    when its configuration is the same: ``"auto"``, or ``"force"``, ``"never"``), ``nonfinite``
     (``"raise"``, ``"skip"``, ``"ignore"``), ``debug_collectives`` (every collective checked
     across ranks first), ``stall_warning`` (seconds in one collective before the job's stall report
     names who has not arrived and where: 60, or ``RINGTRAIN_STALL_WARNING``; None: never); ``timeline``
@@ -69,6 +70,7 @@ class Ring:
         checkpoint_dir: str | None = None,
         save_every: int | None = None,
         keep_last: int = 3,
+        resume: str = "auto",
         nonfinite: str = "raise",
         debug_collectives: bool | float = False,
         stall_warning: float | None | str = "default",
@@ -85,7 +87,7 @@ class Ring:
         precisions.canonical(precision)
         self.nonfinite = NonFiniteGuard(nonfinite, self.strategy)
         self.strategy.configure(accumulate=accumulate, nonfinite=nonfinite, sync_batchnorm=sync_batchnorm)
-        checkpoints = Resumer.checkpoint_dir(checkpoint_dir, save_every, keep_last)
+        checkpoints = Resumer.checkpoint_dir(checkpoint_dir, save_every, keep_last, resume)
         if debug_collectives is False and os.environ.get("RINGTRAIN_DEBUG_COLLECTIVES", "0") not in ("", "0"):
             debug_collectives = True  # the user's switch, read here and passed on explicitly
         timeline = timelines.ring_target(timeline)
@@ -97,9 +99,6 @@ class Ring:
         self.seed = seed if seed is None else seed_everything(seed)
         self.sync_batchnorm = sync_batchnorm
         configure_kernels(deterministic, cudnn_benchmark)
-        if checkpoints is not None and self.is_main:
-            checkpoints.check_writable()  # a folder that cannot take a checkpoint is named now, not at step N
-            checkpoints.prepare()
         self._models, self._optimizers, self._loaders = [], [], []  # nn.Module, Optimizer, RingLoader
         self._remaining_batches: int | None = None
         self._window = NoSyncWindow(self.step_state, getattr(self.strategy, "no_sync", None),
@@ -111,7 +110,8 @@ class Ring:
         self._module_of: dict[int, nn.Module] = {}  # id(optimizer) -> the model it was set up with
         self.resumer = Resumer(self.strategy, self.step_state, self.precision.scaler, self._loaders,
                                epoch=lambda: self._epoch, say=self.print, checkpoints=checkpoints,
-                               module_of=lambda optimizer: self._module_of.get(id(optimizer)))
+                               module_of=lambda optimizer: self._module_of.get(id(optimizer)),
+                               resume=resume, global_batch=lambda: self.global_batch_size)  # takes the folder
 
     # --- who and where ---------------------------------------------------------
     rank = property(lambda self: self.strategy.rank)
@@ -338,6 +338,7 @@ class Ring:
     def close(self) -> None:
         """Finish this rank's asynchronous checkpoint, if one is being written; leave the process group."""
         self.resumer.flush(agree=False)
+        self.resumer.release()
         timelines.close(self._timeline)
         self.strategy.teardown()
 
@@ -346,4 +347,5 @@ class Ring:
 
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
         timelines.close(self._timeline)
+        self.resumer.release(unless_saving=True)  # an asynchronous save still writing keeps the folder
         self.strategy.teardown(error if isinstance(error, Exception) else None)

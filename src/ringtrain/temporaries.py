@@ -1,0 +1,90 @@
+"""The temporary files ringtrain writes before renaming them into place, and what a dead writer leaves.
+
+Every atomic write (a checkpoint file, the manifest, the folder lock, the writability probe) goes
+through a temporary file beside its target, named ``.<final name>.<writer>.<8 random>.tmp``
+where the writer is ``<host hash>-<pid>``. A process killed mid-write (``kill -9``, the OOM
+killer) leaves one behind, possibly as large as the checkpoint. Its name says who wrote it, so
+the next save in that folder removes it once that writer is gone — and never touches one a live
+process (or a process on another host, which cannot be checked from here) may still be writing.
+
+A write the operating system refuses (a full disk, a lost permission) is reported the same way
+for every file: the path, what failed, and a HINT about space and permissions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import socket
+import tempfile
+
+from .errors import RingtrainError
+from .failures import proc_stat
+
+TAGGED = re.compile(r"\.(?P<final>.+)\.(?P<writer>[0-9a-f]{8}-\d+)\.[a-z0-9_]{8}\.tmp")
+
+
+def boot_id() -> str:
+    """This machine's boot id ('' where unknown): a pid means something only within one boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def writer_tag() -> str:
+    """``<host hash>-<pid>``: which process writes a temporary file, in its name."""
+    host = hashlib.sha1(f"{socket.gethostname()}/{boot_id()}".encode()).hexdigest()[:8]
+    return f"{host}-{os.getpid()}"
+
+
+def writer_gone(tag: str) -> bool:
+    """Is the writer of a temporary file tagged ``tag`` gone? False while it lives, or where that cannot be
+    checked (another host, no /proc): a file is never deleted under a writer that may still be writing it."""
+    host, _, pid = tag.partition("-")
+    if host != writer_tag().partition("-")[0] or not pid.isdigit() or not os.path.isdir("/proc"):
+        return False
+    fields = proc_stat(int(pid))
+    return fields is None or fields[0] == "Z"  # no such process, or one that has ended (a zombie)
+
+
+def temporary(folder: str, final_name: str) -> tuple[int, str]:
+    """``mkstemp`` for a file that becomes ``final_name`` in ``folder``, named with this writer's tag."""
+    return tempfile.mkstemp(prefix=f".{final_name}.{writer_tag()}.", suffix=".tmp", dir=folder)
+
+
+def remove_dead_temporaries(folder: str) -> list[str]:
+    """Delete the temporary files in ``folder`` that a writer on this host left when it died; their names."""
+    removed = []
+    for name in sorted(os.listdir(folder)):
+        found = TAGGED.fullmatch(name)
+        path = os.path.join(folder, name)
+        if found and writer_gone(found["writer"]) and os.path.isfile(path) and not os.path.islink(path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                removed.append(name)
+    return removed
+
+
+def os_error_in(error: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``error``: itself, or what it was raised from or while handling (torch.save
+    turns a full disk's ``OSError`` in the file's write into a ``RuntimeError`` from its zip writer)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def write_failed(what: str, path: str, error: OSError, kept: str) -> RingtrainError:
+    """The error for a write the operating system refused: ``what`` (``"the checkpoint"``) at ``path``,
+    and ``kept``, what is still there in its place."""
+    return RingtrainError(
+        f"cannot write {what} {path!r}: {error.strerror or error} ({type(error).__name__}, errno {error.errno})",
+        f"check the folder's free space (df -h) and permissions (ls -ld), then try again; {kept}.")
