@@ -587,6 +587,23 @@ def _rendezvous_failure(plan: Plan, port: int, error: BaseException) -> Ringtrai
 
 def execute(plan: Plan) -> int:
     """Run the job through torchrun's agent in this process; return the exit code."""
+    from ..seal import SECRET_ENV, job_secret
+
+    # The board's seal (seal.py): the workers inherit the job's secret through the environment only.
+    secret, unsealed = job_secret(multi_node=plan.max_nodes > 1)
+    if unsealed:
+        print(unsealed, file=sys.stderr, flush=True)
+    previous = os.environ.get(SECRET_ENV)
+    if secret is not None:
+        os.environ[SECRET_ENV] = secret  # for the workers, and this agent's own reads of the board
+    try:
+        return _execute(plan)
+    finally:
+        if previous is None:
+            os.environ.pop(SECRET_ENV, None)
+
+
+def _execute(plan: Plan) -> int:
     # torch is imported here, not at module level: `--help` and argument errors stay fast.
     import torch.distributed.run as torchrun
     from torch.distributed import DistError
@@ -598,10 +615,16 @@ def execute(plan: Plan) -> int:
     from . import rendezvous
     from .ports import host_store, is_loopback, keep_gloo_on_loopback
     from ..board import job_board
-    from .report import format_child_failure, remove_native_dumps, run_summary
+    from . import exits
+    from .report import first_cause, format_child_failure, remove_native_dumps, run_summary
     from .stacks import StackRequests
 
     rendezvous.register()
+    if plan.max_nodes == 1 and not is_loopback(plan.master_addr):
+        print(f"ringtrain run: warning: --master-addr {plan.master_addr} is not a loopback address: this one-node "
+              "job's store (and Gloo) listen on every interface, where any machine that reaches them can read the "
+              "job's keys and connect to its ranks.\nHINT: leave --master-addr out (127.0.0.1) unless another "
+              "node must join; see README.md, \"Security\".", file=sys.stderr, flush=True)
 
     store = None  # node 0's TCPStore, held open until the job ends
     port = plan.master_port
@@ -636,7 +659,15 @@ def execute(plan: Plan) -> int:
     except ChildFailedError as e:
         # A worker killed by a signal had no say: what it started may live on (failures.py).
         stop_leftover_groups(failure.pid for failure in e.failures.values())
-        print(format_child_failure(e, plan.node_rank, job_board(store)), file=sys.stderr)
+        # ...nor could it tell the ranks on other machines: this agent does (exits.py).
+        silent = exits.unspoken(e.failures, first_cause(e.failures)[0])
+        board = None
+        if (silent or store is not None) and not plan.elastic and plan.max_restarts == 0:
+            board = job_board(store, (plan.master_addr.strip("[]"), port))
+            exits.tell_job(board, silent)
+        print(format_child_failure(e, plan.node_rank, job_board(store)), file=sys.stderr, flush=True)
+        if store is not None and plan.max_nodes > 1:
+            exits.hold_store(board, set(e.failures))
         return 1
     except SignalException as e:
         print(f"ringtrain run: stopped by {e.sigval.name}; all workers on this node were stopped.", file=sys.stderr)
