@@ -255,14 +255,31 @@ job's ports can join the rendezvous store, read and write its keys, or connect t
 workers' Gloo/NCCL sockets, and the objects ranks exchange (``all_gather_object``,
 ``broadcast_object_list``) are unpickled, which can run code. On one machine (the
 default ``--master-addr 127.0.0.1``), ``ringtrain run`` listens on 127.0.0.1 only: the
-store on loopback, and Gloo on loopback through ``GLOO_SOCKET_IFNAME``. A multi-node job
-must listen on an address the other nodes reach, and so does every worker's Gloo/NCCL
-socket: run multi-node jobs (and elastic ones, whose c10d stores listen on every
-interface even with a loopback ``--master-addr``) only on a trusted network — a private
-cluster network or VPN, with the ports firewalled from everything else. Jobs started
+store on loopback, and Gloo on loopback through ``GLOO_SOCKET_IFNAME`` (every local process
+can still connect); a one-node job given another ``--master-addr`` listens on every
+interface, and ``ringtrain run`` warns. A multi-node job must listen on an address the
+other nodes reach, and so does every worker's Gloo/NCCL socket: run multi-node jobs
+(and elastic ones, whose c10d stores listen on every interface even with a loopback
+``--master-addr``) only on a trusted network — a private cluster network or VPN, with
+the ports firewalled from everything else. Jobs started
 with ``-H``/``--hostfile`` are no exception: ssh authenticates and encrypts only the
 start of each node's agent, not the job's own connections (Horovod's are no different).
 Several "nodes" on this machine (``-H localhost:1,127.0.0.1:1``) stay on loopback.
+
+What a store client cannot do is end the job or choose whom the report blames: every post
+on the liveness board (a rank's failure, finish, hello, whereabouts, stack; an agent's post of
+a worker killed by a signal) is sealed with an HMAC under the job's secret, and a post
+without the job's seal is ignored, with one line naming its key. The secret reaches the
+workers through the environment only (``RINGTRAIN_JOB_SECRET``; never a command line, never
+the store): made here for a one-node job (and for every node of a ``-H`` job on this
+machine); for several nodes, set the same ``RINGTRAIN_JOB_SECRET`` on each, or
+``RINGTRAIN_JOB_SECRET_FILE`` (a file holding it: the only form forwarded to ssh hosts).
+Without one, a multi-node job runs unsealed, with a warning: secrets made per node could
+not check one another's posts. The seal does not hide the keys (anyone who reaches the store
+reads them), stop a client from deleting or overwriting real posts, or protect Gloo/NCCL
+traffic and pickled objects; processes of the same user can read the secret from
+``/proc``. README.md, "Security", has the whole threat model.
+
 Checkpoints are read with ``weights_only=True``.
 """
 
