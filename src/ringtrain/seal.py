@@ -53,13 +53,13 @@ class Seal:
     def active(self) -> bool:
         return self._key is not None
 
-    def _mac(self, key: str, text: str) -> str:
-        assert self._key is not None
-        return hmac.new(self._key, key.encode() + b"\0" + text.encode(), hashlib.sha256).hexdigest()
+    @staticmethod
+    def _mac(secret: bytes, key: str, text: str) -> str:
+        return hmac.new(secret, key.encode() + b"\0" + text.encode(), hashlib.sha256).hexdigest()
 
     def seal(self, key: str, text: str) -> str:
         """``text`` as stored under ``key`` (the full store key): sealed when there is a secret."""
-        return text if self._key is None else f"{TAG}{self._mac(key, text)}:{text}"
+        return text if self._key is None else f"{TAG}{self._mac(self._key, key, text)}:{text}"
 
     def open(self, key: str, raw: bytes | str) -> str | None:
         """The text stored under ``key`` if the job wrote it; None (and one line on stderr) if not."""
@@ -68,7 +68,7 @@ class Seal:
         text = value[len(TAG) + _MAC_CHARS + 1:] if sealed else value
         if self._key is None:
             return text  # nothing to check with: a job without a secret accepts what it reads
-        if sealed and hmac.compare_digest(value[len(TAG):len(TAG) + _MAC_CHARS], self._mac(key, text)):
+        if sealed and hmac.compare_digest(value[len(TAG):len(TAG) + _MAC_CHARS], self._mac(self._key, key, text)):
             return text
         self.reject(key, "it is not sealed" if not sealed else "its seal does not match this job's secret")
         return None
