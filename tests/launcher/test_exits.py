@@ -53,8 +53,10 @@ def _wait_for(path: Path, procs: list, timeout: float = 120) -> int:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-            outs = [p.communicate(timeout=30) for p in procs if p.poll() is not None or p.kill() or True]
-            pytest.fail(f"{path.name} never appeared; outputs: {outs}")
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            pytest.fail(f"{path.name} never appeared; outputs: {[p.communicate(timeout=30) for p in procs]}")
         time.sleep(0.1)
     return int(path.read_text())
 
