@@ -1,6 +1,7 @@
 """The store's trust, end to end: another local process forges "rank 1 failed" into a running job's store
 (a TCPStore client on the job's port, as anyone on the machine can open). The job ignores it, says which
-key it ignored, and finishes normally. (A real rank's sealed post still ends a job: test_launch_failfast.)"""
+key it ignored, and finishes normally. (A real rank's sealed post still ends a job: test_launch_failfast.)
+And a one-node job told to listen beyond loopback says so."""
 
 from __future__ import annotations
 
@@ -89,3 +90,12 @@ def test_a_forged_failure_post_is_ignored_and_named(tmp_path):
     assert out.count("total=2") == 2, out + err
     assert f"ignored a post on the job's store under '{key}'" in err
     assert "FORGED" not in err
+
+
+def test_a_one_node_job_listening_beyond_loopback_is_warned_about(tmp_path):
+    script = write(tmp_path / "job.py", "print('ran', flush=True)\n")
+    proc = subprocess.run(ringtrain_cmd("run", "--nproc-per-node", "1", "--master-addr", "0.0.0.0", str(script)),
+                          capture_output=True, text=True, timeout=120, env=child_env())
+    assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr
+    assert "--master-addr 0.0.0.0 is not a loopback address" in proc.stderr
+    assert "HINT: leave --master-addr out" in proc.stderr
