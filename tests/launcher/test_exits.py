@@ -1,4 +1,4 @@
-"""Deaths told across machines: rank 0's worker is SIGKILLed (what the OOM killer does) on node 0 while
+"""Deaths told across machines (launcher/exits.py). End to end: rank 0's worker is SIGKILLed (what the OOM killer does) on node 0 while
 node 1 runs in a pid namespace of its own, as a second machine does (it cannot see node 0's pids).
 Node 0's agent posts the death on the board (launcher/exits.py); rank 1 learns it and blames rank 0,
 and so does the report on both nodes."""
@@ -97,3 +97,35 @@ def test_a_rank_killed_on_another_node_is_named_on_every_node(tmp_path):
     assert f"ringtrain run: {blame}" in err1 and "worker rank 1 failed first" not in err1, said
     # Node 0's report names its own worker, killed by SIGKILL.
     assert "worker rank 0 failed first" in err0 and "SIGKILL" in err0, said
+
+
+def test_the_agent_posts_only_the_exits_nobody_posted(tmp_path):
+    import json
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from ringtrain.board import Board
+    from ringtrain.launcher import exits
+    from ringtrain.seal import Seal
+
+    spoke = tmp_path / "error-2.json"  # rank 2 raised: ringtrain's worker wrote its post in its error file
+    spoke.write_text(json.dumps({"message": {"message": "ValueError: x", "extraInfo": {
+        "py_callstack": "", "timestamp": "1", "ringtrain": {"rank": 2, "state": "failed", "cause": "own"}}}}))
+    failures = {
+        0: ProcessFailure(local_rank=0, pid=100, exitcode=-9, error_file=str(tmp_path / "none-0")),   # OOM-killed
+        1: ProcessFailure(local_rank=1, pid=101, exitcode=-15, error_file=str(tmp_path / "none-1")),  # the agent's stop
+        2: ProcessFailure(local_rank=2, pid=102, exitcode=1, error_file=str(spoke)),
+        3: ProcessFailure(local_rank=3, pid=103, exitcode=7, error_file=str(tmp_path / "none-3")),    # os._exit(7)
+    }
+    silent = exits.unspoken(failures, cause=0)
+    assert [(e.rank, e.exitcode) for e in silent] == [(0, -9), (3, 7)]
+    assert [e.rank for e in exits.unspoken(failures, cause=1)] == [0, 1, 3]  # a SIGTERM that was the cause
+
+    store = dist.HashStore()
+    board = Board(store, -1, 4, "0-0", Seal("k"))
+    Board(store, 3, 4, "0-0", Seal("k")).post("failed", "it said so itself after all")
+    posts = exits.tell_job(board, silent)
+    assert [p.rank for p in posts] == [0]  # rank 3's own post is kept
+    assert board.read()[0].as_blame().describe().startswith("rank 0 was killed by SIGKILL (the OOM killer?) on host ")
+    exits.hold_store(board, local_ranks={0, 1, 2, 3}, wait_s=30)  # every rank is this node's: nothing to wait for
