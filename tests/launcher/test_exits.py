@@ -1,7 +1,8 @@
-"""Deaths told across machines (launcher/exits.py). End to end: rank 0's worker is SIGKILLed (what the OOM killer does) on node 0 while
-node 1 runs in a pid namespace of its own, as a second machine does (it cannot see node 0's pids).
-Node 0's agent posts the death on the board (launcher/exits.py); rank 1 learns it and blames rank 0,
-and so does the report on both nodes."""
+"""Deaths told across machines (launcher/exits.py).
+
+End to end: rank 0's worker is SIGKILLed (what the OOM killer does) on node 0 while node 1 runs in a
+pid namespace of its own, as a second machine does (it cannot see node 0's pids). Node 0's agent posts
+the death on the board; rank 1 learns it and blames rank 0, and so does the report on both nodes."""
 
 from __future__ import annotations
 
