@@ -91,7 +91,7 @@ def test_a_forged_posted_list_naming_a_rank_without_a_post_does_not_block_the_re
     assert sorted(zero.read()) == [1]
 
 
-def test_job_secret_policy(tmp_path, monkeypatch):
+def test_job_secret_policy(tmp_path):
     assert seals.job_secret(False, {})[0]  # one node: made here
     secret, warning = seals.job_secret(True, {})
     assert secret is None and "RINGTRAIN_JOB_SECRET" in warning and "HINT:" in warning
