@@ -12,6 +12,11 @@ formation number: a restarted job never reads the dead attempt's keys):
 
 ``ringtrain/live/current`` holds the newest generation, for the launcher's report and
 ``kill -USR1``. Every method swallows store errors: the board is advice, never a new way to fail.
+
+Every record (hello, post, whereabouts, stack answer) is sealed with the job's secret (seal.py) and
+read back only if its seal is the job's: a post another process forged into the store is ignored
+(and named on stderr). The counters (``count``, ``posted``, ``stacks``) are not sealed: they only
+say "read again".
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import time
 from typing import Any
 
 from . import failures
-from .records import Blame, Post, Whereabouts
+from .records import Blame, Exit, Post, Whereabouts
+from .seal import Seal
 
 PREFIX = "ringtrain/live"
 
@@ -61,12 +67,13 @@ def process_state(pid: int) -> str:
 class Board:
     """The liveness keys of one process group in the job's store. Never raises on store errors."""
 
-    def __init__(self, store: Any, rank: int, world_size: int, generation: str):
+    def __init__(self, store: Any, rank: int, world_size: int, generation: str, seal: Seal | None = None):
         import torch.distributed as dist
 
         self.rank, self.world_size, self.generation = rank, world_size, generation
         self._raw = store
         self.store = dist.PrefixStore(f"{PREFIX}/{generation}", store)
+        self.seal = seal if seal is not None else Seal.from_environ()
         self.posted: Post | None = None  # what this rank posted, if it did
 
     def clone(self) -> "Board":
@@ -75,13 +82,29 @@ class Board:
             store = self._raw.clone()
         except (RuntimeError, AttributeError):  # a store type without clone(): share the object
             store = self._raw
-        return Board(store, self.rank, self.world_size, self.generation)
+        return Board(store, self.rank, self.world_size, self.generation, self.seal)
+
+    # --- sealed records (seal.py) -----------------------------------------------------------------
+    def _full(self, key: str) -> str:
+        return f"{PREFIX}/{self.generation}/{key}"
+
+    def _put(self, key: str, text: str) -> None:
+        self.store.set(key, self.seal.seal(self._full(key), text))
+
+    def _open(self, key: str, raw: bytes | str) -> str | None:
+        return self.seal.open(self._full(key), raw)
+
+    def _get(self, key: str) -> str | None:
+        """The job's record under ``key``; None when there is none or it is not the job's."""
+        if not self.store.check([key]):
+            return None
+        return self._open(key, self.store.get(key))
 
     # --- joining ------------------------------------------------------------------------------
     def hello(self) -> None:
         with contextlib.suppress(RuntimeError, OSError):
-            self.store.set(f"hello/{self.rank}", json.dumps({"pid": os.getpid(), "host": host_identity(),
-                                                              "hostname": socket.gethostname()}))
+            self._put(f"hello/{self.rank}", json.dumps({"pid": os.getpid(), "host": host_identity(),
+                                                         "hostname": socket.gethostname()}))
             self.store.set("world", str(self.world_size))
             self._raw.set(f"{PREFIX}/current", self.generation)
 
@@ -90,8 +113,9 @@ class Board:
         out = {}
         for r in range(self.world_size):
             with contextlib.suppress(RuntimeError, OSError, ValueError):
-                if self.store.check([f"hello/{r}"]):
-                    out[r] = json.loads(self.store.get(f"hello/{r}"))
+                text = self._get(f"hello/{r}")
+                if text is not None:
+                    out[r] = json.loads(text)
         return out
 
     def hellos(self) -> dict[int, dict[str, Any]]:
@@ -99,7 +123,10 @@ class Board:
         try:
             if not self.store.check(keys):
                 return {}
-            return {r: json.loads(v) for r, v in enumerate(self.store.multi_get(keys))}
+            texts = [self._open(key, v) for key, v in zip(keys, self.store.multi_get(keys))]
+            if any(text is None for text in texts):
+                return {}  # a forged hello took a real one's place: not every rank is known
+            return {r: json.loads(text) for r, text in enumerate(texts)}
         except (RuntimeError, OSError, ValueError):
             return {}
 
@@ -109,11 +136,24 @@ class Board:
         entry = Post(rank=self.rank, state=state, reason=reason, time=time.time(), pid=os.getpid(), cause=cause,
                      blame=blame, during=during)
         self.posted = entry
-        with contextlib.suppress(RuntimeError, OSError):
-            self.store.set(f"rank/{self.rank}", entry.to_json())
-            self.store.append("posted", f"{self.rank},")
-            self.store.add("count", 1)
+        self._write_post(entry)
         return entry
+
+    def post_exit(self, exit: Exit) -> Post:
+        """The agent of ``exit``'s node: post, on that rank's behalf, how its process ended without a word
+        (killed by a signal, or an exit status and no post), so that ranks on other machines, which
+        cannot see the process, learn it and blame it."""
+        blame = exit.as_blame()
+        entry = Post(rank=exit.rank, state="failed", reason=blame.reason, time=exit.time, pid=exit.pid,
+                     cause="own", blame=blame)
+        self._write_post(entry)
+        return entry
+
+    def _write_post(self, entry: Post) -> None:
+        with contextlib.suppress(RuntimeError, OSError):
+            self._put(f"rank/{entry.rank}", entry.to_json())
+            self.store.append("posted", f"{entry.rank},")
+            self.store.add("count", 1)
 
     def count(self) -> int:
         """How many posts there are (raises RuntimeError when the store is gone)."""
@@ -124,9 +164,21 @@ class Board:
         try:
             if not self.store.check(["posted"]):
                 return {}
-            ranks = sorted({int(r) for r in self.store.get("posted").decode().split(",") if r})
+            listed = sorted({int(r) for r in self.store.get("posted").decode().split(",") if r.isdigit()})
+            ranks = [r for r in listed if r < self.world_size]
+            if ranks and not self.store.check([f"rank/{r}" for r in ranks]):
+                # A rank listed without a post (a forged "posted"): a get would wait for it until the timeout.
+                ranks = [r for r in ranks if self.store.check([f"rank/{r}"])]
+            if not ranks:
+                return {}
             values = self.store.multi_get([f"rank/{r}" for r in ranks])
-            return {r: Post.from_json(v) for r, v in zip(ranks, values)}
+            out = {}
+            for r, value in zip(ranks, values):
+                text = self._open(f"rank/{r}", value)
+                if text is not None:
+                    with contextlib.suppress(ValueError, TypeError):
+                        out[r] = Post.from_json(text)
+            return out
         except (RuntimeError, OSError, ValueError):
             return {}
 
@@ -155,16 +207,16 @@ class Board:
     # --- where the live ranks are ------------------------------------------------------------
     def publish(self, where: Whereabouts) -> None:
         with contextlib.suppress(RuntimeError, OSError):
-            self.store.set(f"where/{self.rank}", where.to_json())
+            self._put(f"where/{self.rank}", where.to_json())
 
     def whereabouts(self) -> dict[int, Whereabouts]:
         """Every rank's latest ``Whereabouts`` (ranks that never published are missing)."""
         out: dict[int, Whereabouts] = {}
         try:
             for r in range(self.world_size):
-                key = f"where/{r}"
-                if self.store.check([key]):
-                    out[r] = Whereabouts.from_json(self.store.get(key))
+                text = self._get(f"where/{r}")
+                if text is not None:
+                    out[r] = Whereabouts.from_json(text)
         except (RuntimeError, OSError, ValueError, TypeError):
             pass
         return out
@@ -191,7 +243,7 @@ class Board:
 
     def answer(self, number: int, text: str) -> None:
         with contextlib.suppress(RuntimeError, OSError):
-            self.store.set(f"stack/{number}/{self.rank}", text)
+            self._put(f"stack/{number}/{self.rank}", text)
 
     def answers(self, number: int, ranks: list[int], wait_s: float) -> dict[int, str]:
         """The answers of ``ranks`` to request ``number``, waiting up to ``wait_s`` for them."""
@@ -202,8 +254,9 @@ class Board:
                 if r in got:
                     continue
                 with contextlib.suppress(RuntimeError, OSError):
-                    if self.store.check([f"stack/{number}/{r}"]):
-                        got[r] = self.store.get(f"stack/{number}/{r}").decode(errors="replace")
+                    text = self._get(f"stack/{number}/{r}")
+                    if text is not None:
+                        got[r] = text
             if len(got) == len(ranks) or time.monotonic() >= deadline:
                 return got
             time.sleep(0.1)

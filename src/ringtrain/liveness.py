@@ -50,6 +50,9 @@ __all__ = [
 
 EXIT_BOUND_S = 10.0  # the most an exit path may take once the process has decided to leave
 LOST_PEER_WAIT_S = 1.0  # how long a rank whose peer's connection closed looks for who it was
+# ... when a peer runs on another host (or in another pid namespace): its death is only known once its
+# node's agent has reaped it and posted it (launcher/exits.py), which takes longer than a pid check.
+REMOTE_PEER_WAIT_S = 5.0
 
 
 # --- exit paths -------------------------------------------------------------------------
@@ -168,20 +171,28 @@ def post_failure(board: Board, reason: str, error: BaseException | None = None) 
     return board.post("failed", reason, cause="peer" if lost_a_peer(error) else "own")
 
 
-def _find_lost_peer(board: Board, wait_s: float = LOST_PEER_WAIT_S) -> Post | None:
-    """The peer whose connection closed: its post, or a same-host peer whose process is gone.
+def _find_lost_peer(board: Board, wait_s: float = LOST_PEER_WAIT_S,
+                    remote_wait_s: float = REMOTE_PEER_WAIT_S) -> Post | None:
+    """The peer whose connection closed: its post (its own, or its agent's), or a same-host peer whose
+    process is gone.
 
     The engine reports a closed connection as soon as the peer's sockets close, which can come
     a moment before the peer's post lands (or before its process is reaped): look a few times,
-    for at most ``wait_s``. Only this failure path waits, never a healthy rank.
+    for at most ``wait_s`` — ``remote_wait_s`` when some peer runs where this rank cannot see its
+    process (another host or pid namespace), whose agent posts its death once it has reaped it.
+    Only this failure path waits, never a healthy rank.
     """
-    deadline = time.monotonic() + wait_s
+    start = time.monotonic()
+    deadline = start + wait_s
     neighbours = None
     while True:
         first = board.first_peer_post()
         if first is not None:
             return first
-        neighbours = neighbours if neighbours is not None else board.neighbours()
+        if neighbours is None:
+            neighbours = board.neighbours()
+            if neighbours is None or len(neighbours) < board.world_size - 1:
+                deadline = start + max(wait_s, remote_wait_s)
         gone = board.vanished(neighbours) if neighbours else None
         if gone is not None:
             blame = vanished_blame(gone)

@@ -1,4 +1,5 @@
-"""The records that cross processes: how a rank left (``Post``), where a live rank is (``Whereabouts``).
+"""The records that cross processes: how a rank left (``Post``), where a live rank is (``Whereabouts``),
+how a worker process ended as its node's agent saw it (``Exit``).
 
 Each is written by one process and read by others — peers' watchdogs, the launcher's report —
 through the job's store (JSON) or torchelastic's error file. One frozen dataclass per kind, with
@@ -19,11 +20,13 @@ class Blame:
     """The rank a stop is blamed on: ``rank 1 failed (ValueError: boom)``."""
 
     rank: int
-    state: str  # "failed" | "finished" | "left" | "stuck" | "not responding"
+    state: str  # "failed" | "finished" | "left" | "stuck" | "not responding" | "killed"
     reason: str = "no reason given"
     stack: str | None = None  # where it was, for a stuck rank (its main thread's Python stack)
 
     def describe(self) -> str:
+        if self.state == "killed":  # reason: "by SIGKILL (the OOM killer?) on host H, pid P"
+            return f"rank {self.rank} was killed {self.reason}"
         return f"rank {self.rank} {self.state} ({self.reason})"
 
     @classmethod
@@ -71,6 +74,40 @@ class Post:
     @classmethod
     def from_json(cls, text: str | bytes) -> "Post":
         return cls.from_dict(json.loads(text))
+
+
+# What a signal that ends a worker usually means, for the one line that blames it.
+_SIGNAL_GUESS = {"SIGKILL": "the OOM killer?", "SIGSEGV": "a crash in native code", "SIGBUS": "a crash in native code",
+                 "SIGABRT": "an abort in native code", "SIGTERM": "stopped from outside", "SIGINT": "interrupted"}
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How a worker process ended, as the agent of its node (``ringtrain run``) saw it.
+
+    A rank killed by a signal posts nothing, and a peer can tell it is gone only on the same machine
+    (its pid); the agent, which reaps it, posts this on its behalf (``Board.post_exit``).
+    ``exitcode`` is the agent's: negative for a signal (-9: SIGKILL).
+    """
+
+    rank: int
+    pid: int
+    hostname: str
+    exitcode: int
+    time: float
+
+    def as_blame(self) -> Blame:
+        where = f"on host {self.hostname}, pid {self.pid}"
+        if self.exitcode < 0:
+            import signal
+
+            try:
+                name = signal.Signals(-self.exitcode).name
+            except ValueError:
+                name = f"signal {-self.exitcode}"
+            guess = _SIGNAL_GUESS.get(name)
+            return Blame(self.rank, "killed", f"by {name}{f' ({guess})' if guess else ''} {where}")
+        return Blame(self.rank, "failed", f"its process exited with status {self.exitcode} without a word, {where}")
 
 
 @dataclass(frozen=True)

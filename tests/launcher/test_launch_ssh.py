@@ -300,3 +300,22 @@ def test_a_changed_host_key_is_refused(sshd, tmp_path):
     assert "HINT:" in proc.stderr and "host key changed" in proc.stderr, outputs(proc)
     assert (tmp_path / "client" / "known_hosts").read_text() == known  # not replaced
     assert "RESULT" not in proc.stdout
+
+
+def test_the_job_secret_never_goes_on_an_ssh_command_line_but_its_file_does(tmp_path):
+    from ringtrain.errors import RingtrainError
+    from ringtrain.launcher.hosts import Host, forwarded_environment, plan_nodes, sealing_environment
+
+    environ = {"RINGTRAIN_JOB_SECRET": "do-not-show", "RINGTRAIN_JOB_SECRET_FILE": "/shared/secret", "PATH": "/bin"}
+    assert forwarded_environment(environ) == {"RINGTRAIN_JOB_SECRET_FILE": "/shared/secret"}
+    nodes = plan_nodes([Host("localhost", 1), Host("far-away", 1)], master_addr="10.0.0.1", master_port=29500,
+                       options=[], target=["train.py"], python="python", cwd="/", environ=environ, names={"localhost"})
+    assert not any("do-not-show" in word for node in nodes for word in node.argv)
+    with pytest.raises(RingtrainError, match="RINGTRAIN_JOB_SECRET_FILE"):
+        sealing_environment(nodes, environ)  # the secret alone could not reach far-away: refused up front
+    assert sealing_environment(nodes, {"RINGTRAIN_JOB_SECRET_FILE": "/shared/secret"}) is None
+    # Every node here: one secret made for all the agents, through their environment.
+    here = [n for n in nodes if n.local]
+    made = sealing_environment(here, {"PATH": "/bin"})
+    assert made["PATH"] == "/bin" and len(made["RINGTRAIN_JOB_SECRET"]) == 64
+    assert sealing_environment(here, {"RINGTRAIN_JOB_SECRET": "mine"}) is None  # the user's own is kept

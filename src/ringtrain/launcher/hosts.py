@@ -255,9 +255,32 @@ def master_address(nodes: Sequence, given: str | None) -> str:
 
 
 def forwarded_environment(environ: Mapping) -> dict:
-    """The variables handed to remote agents (FORWARDED_NAMES and FORWARDED_PREFIXES), sorted."""
+    """The variables handed to remote agents (FORWARDED_NAMES and FORWARDED_PREFIXES), sorted; never the
+    job's secret, which would show on the remote command line (``RINGTRAIN_JOB_SECRET_FILE``, a path, goes)."""
+    from ..seal import SECRET_ENV
+
     return {k: environ[k] for k in sorted(environ)
-            if k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES)}
+            if (k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES)) and k != SECRET_ENV}
+
+
+def sealing_environment(nodes: Sequence, environ: Mapping) -> dict | None:
+    """The environment of the local agents, so that every node seals the board with one secret (seal.py).
+
+    All nodes here: one secret made now, handed to each agent through its environment. Nodes over ssh:
+    the user's ``RINGTRAIN_JOB_SECRET_FILE`` reaches them (a path); a ``RINGTRAIN_JOB_SECRET`` would have
+    to travel on their command line, which ``ps`` shows to every user there: refused. None: keep ``environ``.
+    """
+    from ..seal import SECRET_ENV, SECRET_FILE_ENV, new_secret
+
+    if all(node.local for node in nodes):
+        return None if environ.get(SECRET_ENV) or environ.get(SECRET_FILE_ENV) else \
+            {**environ, SECRET_ENV: new_secret()}
+    if environ.get(SECRET_ENV):
+        raise RingtrainError(
+            f"{SECRET_ENV} is set, but it cannot reach the hosts started over ssh without showing on their "
+            "command line", f"put the secret in a file every host can read (mode 600) and set "
+            f"{SECRET_FILE_ENV}=PATH instead (it is forwarded), or unset {SECRET_ENV}.")
+    return None
 
 
 def agent_argv(python: str, node_rank: int, nnodes: int | str, nproc: int, master_addr: str, master_port: int,
@@ -359,13 +382,15 @@ def nodes_from_args(ns: argparse.Namespace, check: Callable, *, environ: Mapping
         port = _free_loopback_port() if here else TORCHRUN_DEFAULT_PORT
     ssh_port, identity = _ssh_settings(ns)
     target = ["-m", ns.script] if ns.module else [ns.script]
-    return plan_nodes(
+    nodes = plan_nodes(
         assigned, master_addr=ns.master_addr, master_port=port, options=agent_options(ns),
         target=[*target, *ns.script_args], python=sys.executable, cwd=os.getcwd(),
         environ=os.environ if environ is None else environ, names=names,
         ssh_port=ssh_port, ssh_identity_file=identity, nnodes=nnodes,
         ssh_strict_host_keys=bool(getattr(ns, "ssh_strict_host_keys", False)),
     )
+    sealing_environment(nodes, os.environ if environ is None else environ)  # refused before anything starts
+    return nodes
 
 
 def _ssh_settings(ns: argparse.Namespace) -> tuple:
@@ -453,8 +478,10 @@ def run_nodes(nodes: Sequence, *, poll: float = 0.1, grace: float = 30.0,
     procs: list = []
     try:
         arm = _term_with_parent()
+        env = sealing_environment(nodes, os.environ)
         for node in nodes:
             procs.append(subprocess.Popen(node.argv, stdin=subprocess.DEVNULL, start_new_session=True,
+                                          env=env if node.local else None,
                                           preexec_fn=arm if node.local else None))  # noqa: PLW1509 - see above
         while True:
             if received:

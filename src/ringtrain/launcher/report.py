@@ -212,7 +212,8 @@ def format_child_failure(error: Any, node_rank: int, board: Any = None) -> str:
         message = failure.message.get("message") if isinstance(failure.message, dict) else None
         if message:
             lines += ["", f"rank {rank}: {message}"]
-        hint = HINTS["peer"]
+        # A rank killed on another node (its agent posted it: exits.py) is the signal's case, not an early return.
+        hint = HINTS["signal"] if blame.state == "killed" else HINTS["peer"]
     else:
         lines = [f"ringtrain run: worker rank {rank} failed first ({where}); all workers on this node were stopped."]
         if traceback:

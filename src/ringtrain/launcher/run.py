@@ -345,14 +345,31 @@ job's ports can join the rendezvous store, read and write its keys, or connect t
 workers' Gloo/NCCL sockets, and the objects ranks exchange (``all_gather_object``,
 ``broadcast_object_list``) are unpickled, which can run code. On one machine (the
 default ``--master-addr 127.0.0.1``), ``ringtrain run`` listens on 127.0.0.1 only: the
-store on loopback, and Gloo on loopback through ``GLOO_SOCKET_IFNAME``. A multi-node job
-must listen on an address the other nodes reach, and so does every worker's Gloo/NCCL
-socket: run multi-node jobs (and elastic ones, whose c10d stores listen on every
-interface even with a loopback ``--master-addr``) only on a trusted network — a private
-cluster network or VPN, with the ports firewalled from everything else. Jobs started
+store on loopback, and Gloo on loopback through ``GLOO_SOCKET_IFNAME`` (every local process
+can still connect); a one-node job given another ``--master-addr`` listens on every
+interface, and ``ringtrain run`` warns. A multi-node job must listen on an address the
+other nodes reach, and so does every worker's Gloo/NCCL socket: run multi-node jobs
+(and elastic ones, whose c10d stores listen on every interface even with a loopback
+``--master-addr``) only on a trusted network — a private cluster network or VPN, with
+the ports firewalled from everything else. Jobs started
 with ``-H``/``--hostfile`` are no exception: ssh authenticates and encrypts only the
 start of each node's agent, not the job's own connections (Horovod's are no different).
 Several "nodes" on this machine (``-H localhost:1,127.0.0.1:1``) stay on loopback.
+
+What a store client cannot do is end the job or choose whom the report blames: every post
+on the liveness board (a rank's failure, finish, hello, whereabouts, stack; an agent's post of
+a worker killed by a signal) is sealed with an HMAC under the job's secret, and a post
+without the job's seal is ignored, with one line naming its key. The secret reaches the
+workers through the environment only (``RINGTRAIN_JOB_SECRET``; never a command line, never
+the store): made here for a one-node job (and for every node of a ``-H`` job on this
+machine); for several nodes, set the same ``RINGTRAIN_JOB_SECRET`` on each, or
+``RINGTRAIN_JOB_SECRET_FILE`` (a file holding it: the only form forwarded to ssh hosts).
+Without one, a multi-node job runs unsealed, with a warning: secrets made per node could
+not check one another's posts. The seal does not hide the keys (anyone who reaches the store
+reads them), stop a client from deleting or overwriting real posts, or protect Gloo/NCCL
+traffic and pickled objects; processes of the same user can read the secret from
+``/proc``. README.md, "Security", has the whole threat model.
+
 Checkpoints are read with ``weights_only=True``.
 """
 
@@ -650,6 +667,23 @@ def _say_plan(plan: Plan, args) -> None:
 
 def execute(plan: Plan) -> int:
     """Run the job through torchrun's agent in this process; return the exit code."""
+    from ..seal import SECRET_ENV, job_secret
+
+    # The board's seal (seal.py): the workers inherit the job's secret through the environment only.
+    secret, unsealed = job_secret(multi_node=plan.max_nodes > 1)
+    if unsealed:
+        print(unsealed, file=sys.stderr, flush=True)
+    previous = os.environ.get(SECRET_ENV)
+    if secret is not None:
+        os.environ[SECRET_ENV] = secret  # for the workers, and this agent's own reads of the board
+    try:
+        return _execute(plan)
+    finally:
+        if previous is None:
+            os.environ.pop(SECRET_ENV, None)
+
+
+def _execute(plan: Plan) -> int:
     # torch is imported here, not at module level: `--help` and argument errors stay fast.
     import torch.distributed.run as torchrun
     from torch.distributed import DistError
@@ -661,12 +695,18 @@ def execute(plan: Plan) -> int:
     from . import rendezvous, waiting
     from .ports import host_store, is_loopback, keep_gloo_on_loopback
     from ..board import job_board
-    from .report import format_child_failure, remove_native_dumps, run_summary
+    from . import exits
+    from .report import first_cause, format_child_failure, remove_native_dumps, run_summary
     from .stacks import StackRequests
 
     rendezvous.register()
     waiting.register_elastic()
     started = time.monotonic()
+    if plan.max_nodes == 1 and not is_loopback(plan.master_addr):
+        print(f"ringtrain run: warning: --master-addr {plan.master_addr} is not a loopback address: this one-node "
+              "job's store (and Gloo) listen on every interface, where any machine that reaches them can read the "
+              "job's keys and connect to its ranks.\nHINT: leave --master-addr out (127.0.0.1) unless another "
+              "node must join; see README.md, \"Security\".", file=sys.stderr, flush=True)
 
     store = None  # node 0's TCPStore, held open until the job ends
     port = plan.master_port
@@ -704,7 +744,15 @@ def execute(plan: Plan) -> int:
     except ChildFailedError as e:
         # A worker killed by a signal had no say: what it started may live on (failures.py).
         stop_leftover_groups(failure.pid for failure in e.failures.values())
-        print(format_child_failure(e, plan.node_rank, job_board(store)), file=sys.stderr)
+        # ...nor could it tell the ranks on other machines: this agent does (exits.py).
+        silent = exits.unspoken(e.failures, first_cause(e.failures)[0])
+        board = None
+        if (silent or store is not None) and not plan.elastic and plan.max_restarts == 0:
+            board = job_board(store, (plan.master_addr.strip("[]"), port))
+            exits.tell_job(board, silent)
+        print(format_child_failure(e, plan.node_rank, job_board(store)), file=sys.stderr, flush=True)
+        if store is not None and plan.max_nodes > 1:
+            exits.hold_store(board, set(e.failures))
         return 1
     except SignalException as e:
         print(f"ringtrain run: stopped by {e.sigval.name}; all workers on this node were stopped.", file=sys.stderr)

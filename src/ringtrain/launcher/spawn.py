@@ -25,7 +25,9 @@ calls ``fn(*args)`` in every process (notebooks, tests). Both are built on torch
   process ends with its status, and interpreter finalization is skipped;
 * children die with the parent (Linux, "spawn" and "fork"): a notebook kernel or test
   runner that is killed takes its ranks along (``worker.die_with_parent``: SIGKILL);
-* Gloo listens on loopback only (``GLOO_SOCKET_IFNAME``, unless set).
+* Gloo listens on loopback only (``GLOO_SOCKET_IFNAME``, unless set);
+* the ranks seal their posts on the job's board with a secret made here (or the caller's
+  ``RINGTRAIN_JOB_SECRET``), handed over with ``fn`` and never on a command line (seal.py).
 
 No time limit by default (training runs for hours); ``timeout=`` seconds sets one.
 
@@ -52,6 +54,7 @@ import time
 from typing import Any, Callable, NamedTuple, Sequence
 
 from ..errors import RingtrainError
+from ..seal import SECRET_ENV, new_secret
 from .ports import LOOPBACK, bind_listener, keep_gloo_on_loopback, serve_store
 from .worker import die_with_parent, finish, run_to_end
 
@@ -69,7 +72,7 @@ def _default_start_method(fn: Callable) -> str:
 
 
 def _child(local_rank: int, fn: Callable, args: Sequence, nprocs: int, port: int, results: str,
-           parent: int | None, pass_index: bool, forked: bool) -> None:
+           parent: int | None, pass_index: bool, forked: bool, secret: str) -> None:
     """Runs in each child (called by torch's spawn wrapper); never returns: the child ends here."""
     if forked:
         # A forked child inherits the parent's atexit handlers (the parent's temporary folder's
@@ -84,6 +87,7 @@ def _child(local_rank: int, fn: Callable, args: Sequence, nprocs: int, port: int
         GROUP_RANK="0", MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port),
         TORCHELASTIC_ERROR_FILE=os.path.join(results, _ERROR.format(local_rank)),
     )
+    os.environ[SECRET_ENV] = secret  # the board's seal (seal.py)
     if not pass_index:  # launch(): the parent hosts the store (see the module docstring)
         os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     keep_gloo_on_loopback(os.environ)  # one machine: nothing needs to reach the ranks from outside
@@ -232,7 +236,8 @@ def _start(fn: Callable, nprocs: int, args: Sequence, start_method: str | None, 
             context = tmp.start_processes(
                 # With "forkserver" the children's parent is the server, not this process.
                 _child, args=(fn, tuple(args), nprocs, port, results,
-                              None if method == "forkserver" else os.getpid(), pass_index, method == "fork"),
+                              None if method == "forkserver" else os.getpid(), pass_index, method == "fork",
+                              os.environ.get(SECRET_ENV) or new_secret()),
                 nprocs=nprocs, join=False, start_method=method,
             )
         except (pickle.PicklingError, AttributeError, TypeError) as e:

@@ -1,0 +1,65 @@
+"""A node's agent tells the whole job how its workers died.
+
+A rank killed by a signal (SIGKILL from the OOM killer, a segfault) posts nothing. A peer on the
+same machine sees its pid vanish (watchdog.VanishedNeighbour); a peer on another machine — or in
+another pid namespace, as a container is — cannot: it only sees its connection close, and without a
+word on the board it blamed itself ("worker rank 1 failed first ... fix the exception above").
+
+The one process that knows is the dead worker's parent, this node's agent (``ringtrain run``):
+torchelastic reaps the worker and reports its exit status. ``tell_job`` posts it on the job's board
+on the dead rank's behalf (``Board.post_exit``: rank, pid, host, signal or status), sealed like every
+post; peers on every node read it within their next look (``liveness._find_lost_peer`` waits for it a
+little longer when a peer is on another host), stop naming that rank, and every node's report blames
+it. A rank that posted for itself keeps its own post; a rank the agent stopped itself (SIGTERM, after
+another failure) is not the cause and is not posted.
+
+Node 0's agent hosts the store: if it left at once, the other nodes could no longer read what it
+posted. ``hold_store`` keeps it until every rank of the other nodes has posted how it left, or
+``HOLD_S`` — a bounded wait on the failure path of the store's host only; ranks never wait here.
+
+Only jobs with fixed node counts and no restarts: with ``--max-restarts`` the last attempt's store is
+closed with the agent's rendezvous, and an elastic job's store lives in rank 0's worker itself.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from typing import Any
+
+from ..failures import info_of
+from ..records import Exit, Post
+
+HOLD_S = 5.0  # the most node 0's agent keeps the store up for the other nodes after a failure
+
+
+def unspoken(failures: dict[int, Any], cause: int) -> list[Exit]:
+    """The exits of this node's workers that left no word (no post in their error file, failures.py): every
+    one but those the agent stopped itself (SIGTERM) after ``cause`` failed."""
+    now, hostname = time.time(), socket.gethostname()
+    out = []
+    for rank, failure in sorted(failures.items()):
+        if info_of(failure.message) is not None or failure.exitcode == 0 or \
+                (failure.exitcode == -signal.SIGTERM and rank != cause):
+            continue
+        out.append(Exit(rank=rank, pid=failure.pid, hostname=hostname, exitcode=failure.exitcode, time=now))
+    return out
+
+
+def tell_job(board: Any, silent: list[Exit]) -> list[Post]:
+    """Post the ``silent`` exits on ``board`` (unless the rank posted there after all); the posts made."""
+    if board is None or not silent:
+        return []
+    posted = board.read()
+    return [board.post_exit(exit) for exit in silent if exit.rank not in posted]
+
+
+def hold_store(board: Any, local_ranks: set[int], wait_s: float = HOLD_S, poll_s: float = 0.1) -> None:
+    """Node 0 after a failure: return once every rank not in ``local_ranks`` has posted, or after ``wait_s``."""
+    if board is None:
+        return
+    others = set(range(board.world_size)) - set(local_ranks)
+    deadline = time.monotonic() + wait_s
+    while others - set(board.read()) and time.monotonic() < deadline:
+        time.sleep(poll_s)

@@ -1,0 +1,132 @@
+"""Deaths told across machines (launcher/exits.py).
+
+End to end: rank 0's worker is SIGKILLed (what the OOM killer does) on node 0 while node 1 runs in a
+pid namespace of its own, as a second machine does (it cannot see node 0's pids). Node 0's agent posts
+the death on the board; rank 1 learns it and blames rank 0, and so does the report on both nodes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _launch_util import child_env, free_port, ringtrain_cmd, write  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+JOB = """
+    import os, sys, time
+    import torch
+    import ringtrain as rt
+
+    ring = rt.Ring(strategy="ddp")
+    rank = int(os.environ["RANK"])
+    out = sys.argv[1]
+    with open(os.path.join(out, f"pid.{rank}.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(out, f"pid.{rank}.tmp"), os.path.join(out, f"pid.{rank}"))
+    if rank == 0:
+        time.sleep(150)  # killed by the test before this ends
+    ring.all_reduce(torch.ones(1))  # rank 1 waits here for rank 0, which never comes
+    print("NOT STOPPED", flush=True)
+"""
+
+
+def _unshare_works() -> str | None:
+    """Why a pid namespace of its own cannot be had here (None: it can)."""
+    if shutil.which("unshare") is None:
+        return "no unshare(1) on this machine"
+    try:
+        probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unshare failed: {e}"
+    return None if probe.returncode == 0 else f"unshare --pid needs privileges here: {probe.stderr.decode().strip()}"
+
+
+def _wait_for(path: Path, procs: list, timeout: float = 120) -> int:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            pytest.fail(f"{path.name} never appeared; outputs: {[p.communicate(timeout=30) for p in procs]}")
+        time.sleep(0.1)
+    return int(path.read_text())
+
+
+def test_a_rank_killed_on_another_node_is_named_on_every_node(tmp_path):
+    why = _unshare_works()
+    if why:
+        pytest.skip(why)
+    script = write(tmp_path / "job.py", JOB)
+    port = str(free_port())
+    common = ["run", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+              "--master-port", port, "--timeout", "60"]
+    # Both nodes share one secret, as the user sets it on every machine (README, "Security").
+    env = child_env(RINGTRAIN_JOB_SECRET="test-secret-shared-by-both-nodes", RINGTRAIN_STALL_WARNING="off")
+    node0 = subprocess.Popen(ringtrain_cmd(*common, "--node-rank", "0", str(script), str(tmp_path)),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    node1 = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc",
+                              *ringtrain_cmd(*common, "--node-rank", "1", str(script), str(tmp_path))],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    procs = [node0, node1]
+    try:
+        victim = _wait_for(tmp_path / "pid.0", procs)
+        _wait_for(tmp_path / "pid.1", procs)
+        os.kill(victim, signal.SIGKILL)
+        out0, err0 = node0.communicate(timeout=90)
+        out1, err1 = node1.communicate(timeout=90)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    said = f"--- node 0\n{err0}\n--- node 1\n{err1}"
+    assert node0.returncode == 1 and node1.returncode == 1, said
+    assert "NOT STOPPED" not in out0 + out1
+    # Rank 1 says who, and so does node 1's report; nothing blames rank 1 itself.
+    blame = "rank 0 was killed by SIGKILL (the OOM killer?) on host "
+    assert "rank 1 stopped because" in err1 and blame in err1, said
+    assert f"ringtrain run: {blame}" in err1 and "worker rank 1 failed first" not in err1, said
+    # Node 0's report names its own worker, killed by SIGKILL.
+    assert "worker rank 0 failed first" in err0 and "SIGKILL" in err0, said
+
+
+def test_the_agent_posts_only_the_exits_nobody_posted(tmp_path):
+    import json
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from ringtrain.board import Board
+    from ringtrain.launcher import exits
+    from ringtrain.seal import Seal
+
+    spoke = tmp_path / "error-2.json"  # rank 2 raised: ringtrain's worker wrote its post in its error file
+    spoke.write_text(json.dumps({"message": {"message": "ValueError: x", "extraInfo": {
+        "py_callstack": "", "timestamp": "1", "ringtrain": {"rank": 2, "state": "failed", "cause": "own"}}}}))
+    failures = {
+        0: ProcessFailure(local_rank=0, pid=100, exitcode=-9, error_file=str(tmp_path / "none-0")),   # OOM-killed
+        1: ProcessFailure(local_rank=1, pid=101, exitcode=-15, error_file=str(tmp_path / "none-1")),  # the agent's stop
+        2: ProcessFailure(local_rank=2, pid=102, exitcode=1, error_file=str(spoke)),
+        3: ProcessFailure(local_rank=3, pid=103, exitcode=7, error_file=str(tmp_path / "none-3")),    # os._exit(7)
+    }
+    silent = exits.unspoken(failures, cause=0)
+    assert [(e.rank, e.exitcode) for e in silent] == [(0, -9), (3, 7)]
+    assert [e.rank for e in exits.unspoken(failures, cause=1)] == [0, 1, 3]  # a SIGTERM that was the cause
+
+    store = dist.HashStore()
+    board = Board(store, -1, 4, "0-0", Seal("k"))
+    Board(store, 3, 4, "0-0", Seal("k")).post("failed", "it said so itself after all")
+    posts = exits.tell_job(board, silent)
+    assert [p.rank for p in posts] == [0]  # rank 3's own post is kept
+    assert board.read()[0].as_blame().describe().startswith("rank 0 was killed by SIGKILL (the OOM killer?) on host ")
+    exits.hold_store(board, local_ranks={0, 1, 2, 3}, wait_s=30)  # every rank is this node's: nothing to wait for
