@@ -157,6 +157,16 @@ def test_a_gone_holder_or_a_reused_pid_is_taken_over_with_a_message(tmp_path, ca
         assert not (folder / LOCK).exists()
 
 
+def test_a_holder_from_before_this_machine_restarted_is_taken_over(tmp_path, capsys):
+    folder = tmp_path / "ckpt"
+    _write_lock(folder, _owner_of(os.getpid(), boot="an-earlier-boot", token="theirs"))  # this host, another boot
+    lock = FolderLock(str(folder))
+    said = lock.acquire("torchrun a-different-job")
+    assert said is not None and said.endswith("which ran before this machine restarted")
+    lock.release()
+    assert not (folder / LOCK).exists()
+
+
 def test_a_holder_on_another_host_is_refused_with_the_way_to_take_over(tmp_path):
     folder = tmp_path / "ckpt"
     holder = _owner_of(1, host="another-node", boot="x", start="")

@@ -84,9 +84,14 @@ class Owner:
         return (self.host, self.boot, self.pid, self.start) == (other.host, other.boot, other.pid, other.start)
 
     def state(self) -> str:
-        """``"alive"``, ``"gone"``, or ``"elsewhere"`` (another machine: cannot be checked from here)."""
-        if self.host != socket.gethostname() or (self.boot and _boot_id() and self.boot != _boot_id()):
-            return "elsewhere"  # another machine, or this one before a reboot (or another of the same name)
+        """``"alive"``, ``"gone"``, ``"rebooted"`` (this machine has restarted since: every process of
+        that boot has ended) or ``"elsewhere"`` (another machine: cannot be checked from here)."""
+        if self.host != socket.gethostname():
+            return "elsewhere"
+        if self.boot and _boot_id() and self.boot != _boot_id():
+            # This host name, another boot: this machine after a crash or reboot, the common case. (Two
+            # machines sharing a host name and a folder would look the same: give them distinct names.)
+            return "rebooted"
         fields = proc_stat(self.pid)
         if fields is None:
             if os.path.isdir("/proc"):
@@ -158,7 +163,8 @@ class FolderLock:
                 f"if it is not running, delete {self.path} and start again (this run then takes the folder over "
                 "and resumes its newest checkpoint); otherwise give this run a checkpoint_dir of its own.")
         return (f"ringtrain: took over checkpoint_dir {self.folder} from {holder.describe()}, "
-                + ("an earlier attempt of this job" if state == "elsewhere" else "which is no longer running"))
+                + {"elsewhere": "an earlier attempt of this job",
+                   "rebooted": "which ran before this machine restarted"}.get(state, "which is no longer running"))
 
     def release(self) -> None:
         """Remove the lock if it is still this holding's (idempotent)."""
