@@ -77,7 +77,10 @@ def main() -> None:
     if ring.is_main:
         from ringtrain.tracking.plot import plot
 
-        ring.print("pictures: " + ", ".join(plot(os.path.join(args.out, "log"))))
+        try:
+            ring.print("pictures: " + ", ".join(plot(os.path.join(args.out, "log"))))
+        except ImportError:  # matplotlib is the bench extra's
+            ring.print(f"for pictures: pip install matplotlib; ringtrain plot {os.path.join(args.out, 'log')}")
 
 
 if __name__ == "__main__":
