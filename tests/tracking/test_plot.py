@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "launcher"))
 from _launch_util import child_env  # noqa: E402
 
+from ringtrain.tracking import plot as plotting  # noqa: E402
 from ringtrain.tracking.table import Table  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -56,13 +57,12 @@ def test_plot_writes_one_panel_per_metric_and_the_ranks_picture(tmp_path):
         assert (tmp_path / "two" / name).read_bytes()[:8] == PNG
         assert f"wrote {tmp_path / 'two' / name}" in done.stdout
     write_run(tmp_path / "five", ["loss", "acc", "lr", "grad_norm", "val"], ranks=0)
-    done = plot(str(tmp_path / "five"), "--out", str(tmp_path / "pictures"))
-    assert done.returncode == 0, done.stderr
+    assert plotting.main([str(tmp_path / "five"), "--out", str(tmp_path / "pictures")]) == 0  # in-process: no new torch
     assert sorted(os.listdir(tmp_path / "pictures")) == ["curves.png"]  # no ranks.csv: no ranks.png
     assert height(tmp_path / "pictures" / "curves.png") > 1.5 * height(tmp_path / "two" / "curves.png")  # 2 rows of panels
 
 
-def test_plot_names_a_folder_without_a_log(tmp_path):
-    done = plot(str(tmp_path))
-    assert done.returncode == 1
-    assert "has no metrics.csv" in done.stderr and "HINT:" in done.stderr
+def test_plot_names_a_folder_without_a_log(tmp_path, capsys):
+    assert plotting.main([str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "has no metrics.csv" in err and "HINT:" in err
