@@ -7,7 +7,9 @@ Launch:
 
 The diff from 01_single.py: import ringtrain, make a Ring, ring.setup, ring.loader
 (sharded, reshuffled every epoch, batches already on the device), ring.epochs,
-ring.backward, exact evaluation summed over ranks, ring.print and ring.save.
+ring.backward, exact evaluation summed over ranks, ring.log (the loss averaged over
+all ranks, not rank 0's shard of the batch, into runs/02_ddp-TIME/: metrics.csv,
+TensorBoard; `ringtrain plot RUN_DIR` draws it), ring.print and ring.save.
 """
 
 import argparse
@@ -60,7 +62,10 @@ def main():
             ring.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
-        ring.print(f"epoch {epoch}: loss {loss.item():.4f} held-out accuracy {accuracy(ring, model, test):.4f}")
+            if ring.optimizer_steps % 10 == 0:
+                ring.log({"loss": loss})  # the mean over all ranks, written once
+        logged = ring.log({"held_out_accuracy": accuracy(ring, model, test)})
+        ring.print(f"epoch {epoch}: held-out accuracy {logged['held_out_accuracy']:.4f}")
     ring.save("digits_ddp.pt", model=model, optimizer=optimizer, epoch=epoch)
 
 

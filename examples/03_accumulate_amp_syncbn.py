@@ -64,7 +64,10 @@ def main():
             optimizer.step()
             optimizer.zero_grad()
             scheduler.step()
-        ring.print(f"epoch {epoch}: {ring.optimizer_steps} steps, held-out accuracy {accuracy(ring, model, test):.4f}")
+            if ring.sync_now and ring.optimizer_steps % 10 == 0:  # once per optimizer step, not per micro-batch
+                ring.log({"loss": loss, "lr": scheduler.get_last_lr()[0]})
+        logged = ring.log({"held_out_accuracy": accuracy(ring, model, test)})
+        ring.print(f"epoch {epoch}: {ring.optimizer_steps} steps, held-out accuracy {logged['held_out_accuracy']:.4f}")
     ring.save("digits_amp.pt", model=model, optimizer=optimizer, scheduler=scheduler, epoch=epoch)
 
 

@@ -5,8 +5,10 @@ Launch:
     ringtrain run --nproc-per-node 2 examples/digits.py        # DDP, 2 processes (what `make demo` runs)
     torchrun --nproc-per-node 2 examples/digits.py             # the same, through torchrun
 
-Prints held-out accuracy (every sample evaluated exactly once across ranks) and
-saves a checkpoint that plain PyTorch can load: torch.load(path)["model"].
+Prints held-out accuracy (every sample evaluated exactly once across ranks), saves a
+checkpoint that plain PyTorch can load: torch.load(path)["model"], and logs the loss
+(averaged over the ranks) and the accuracy into OUT/log: metrics.csv, TensorBoard event
+files when tensorboard is installed, and the pictures `ringtrain plot OUT/log` draws.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def main() -> None:
                         help="auto: one GPU per process when there are enough, else the CPU")
     args = parser.parse_args()
 
-    ring = rt.Ring(seed=0, device=args.device)
+    ring = rt.Ring(seed=0, device=args.device, log_dir=os.path.join(args.out, "log"))
     train_set, test_set = digits()
     model = DigitsCNN()
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -64,11 +66,21 @@ def main() -> None:
             ring.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
+            if ring.optimizer_steps % 5 == 0:
+                ring.log({"loss": loss})  # the mean over all ranks, written once by rank 0
         accuracy = evaluate(ring, model, test)
+        ring.log({"held_out_accuracy": accuracy}, reduce=None)  # already the whole job's (summed over ranks)
         ring.print(f"epoch {epoch}: held-out accuracy {accuracy:.4f}")
         ring.save(os.path.join(args.out, "checkpoint.pt"), model=model, optimizer=optimizer, epoch=epoch)
     ring.print(f"final held-out accuracy {accuracy:.4f}; checkpoint {os.path.join(args.out, 'checkpoint.pt')}")
     ring.close()
+    if ring.is_main:
+        from ringtrain.tracking.plot import plot
+
+        try:
+            ring.print("pictures: " + ", ".join(plot(os.path.join(args.out, "log"))))
+        except ImportError:  # matplotlib is the bench extra's
+            ring.print(f"for pictures: pip install matplotlib; ringtrain plot {os.path.join(args.out, 'log')}")
 
 
 if __name__ == "__main__":

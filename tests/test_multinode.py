@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
@@ -64,3 +65,10 @@ def test_digits_demo_reaches_95_percent(tmp_path):
     assert accuracy >= 0.95
     raw = torch.load(tmp_path / "run" / "checkpoint.pt")
     assert raw["epoch"] == 5 and not any(k.startswith("module.") for k in raw["model"])
+    # the demo logs through ring.log (issue 22): one log of the whole job, and its pictures
+    with open(tmp_path / "run" / "log" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    accuracies = [float(r["held_out_accuracy"]) for r in rows if r["held_out_accuracy"]]
+    assert len(accuracies) == 6 and accuracies[-1] == pytest.approx(accuracy, abs=1e-4)
+    assert len([r for r in rows if r["loss"]]) >= 6 * 4
+    assert {"curves.png", "ranks.png"} <= set(os.listdir(tmp_path / "run" / "log"))

@@ -1,4 +1,4 @@
-"""A progress bar on the main process only, showing loss and samples per second."""
+"""A progress bar on the main process only, showing samples per second, the loss and the values ``ring.log`` logged."""
 
 from __future__ import annotations
 
@@ -26,9 +26,10 @@ def batch_samples(batch: Any) -> int:
 class Progress:
     """Wraps an iterable; on non-main ranks it only passes items through.
 
-    The loss shown is the last one given to ``ring.backward``. Reading it forces a
-    device sync, so it is read only when the bar redraws (``refresh`` seconds),
-    never per step. Samples/s counts all ranks (this rank's samples x world size).
+    The values shown are the latest ``ring.log`` wrote (means over the ranks); the loss, when none
+    named ``loss`` was logged, is this rank's last one given to ``ring.backward``. Reading it forces a
+    device sync, so it is read only when the bar redraws (``refresh`` seconds), never per step.
+    Samples/s counts all ranks (this rank's samples x world size).
     """
 
     def __init__(
@@ -41,7 +42,9 @@ class Progress:
         desc: str | None = None,
         total: int | None = None,
         refresh: float = 0.5,
+        logged: Callable[[], dict[str, float]] = dict,
     ):
+        self.logged = logged
         self.iterable = iterable
         self.enabled = enabled
         self.world_size = world_size
@@ -68,10 +71,12 @@ class Progress:
                 now = time.perf_counter()
                 if now - last_draw >= self.refresh:
                     last_draw = now
-                    loss = self.last_loss()
+                    logged = self.logged()
+                    loss = None if "loss" in logged else self.last_loss()
                     postfix = {"samples/s": f"{samples / max(now - start, 1e-9):.0f}"}
                     if loss is not None:
                         postfix["loss"] = f"{loss.item():.4f}"
+                    postfix.update((name, f"{value:.4g}") for name, value in logged.items())
                     bar.set_postfix(postfix, refresh=False)
         finally:
             bar.close()

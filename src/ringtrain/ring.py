@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-from . import environments, precision as precisions, strategies, timeline as timelines
+from . import environments, precision as precisions, strategies, timeline as timelines, tracking
 from .activity import ACTIVITY
 from .data import RingLoader, make_loader
 from .errors import RingtrainError
@@ -48,7 +48,8 @@ class Ring:
     across ranks first), ``stall_warning`` (seconds in one collective before the job's stall report
     names who has not arrived and where: 60, or ``RINGTRAIN_STALL_WARNING``; None: never); ``timeline``
     (a folder, or ``RINGTRAIN_TIMELINE``: one Chrome trace of every rank and a picture). A rank that fails, or finishes while others wait for it, ends the
-    job in seconds, named on every rank (liveness.py). The README's user guide has the details.
+    job in seconds, named on every rank (liveness.py). Log: ``log_dir`` (``ring.log``'s run folder) and ``log_with``
+    (``"wandb"``, ``"mlflow"``; TensorBoard whenever installed). The README's user guide has the details.
     """
 
     def __init__(
@@ -75,6 +76,8 @@ class Ring:
         debug_collectives: bool | float = False,
         stall_warning: float | None | str = "default",
         timeline: str | None = None,
+        log_dir: str | None = None,
+        log_with: Iterable[str] = (),
         **deprecated: Any,  # stages=, microbatches=, schedule=, split_at=, compression= (see strategies.resolve)
     ):
         env = environments.with_explicit(environments.detect(), world_size, rank)
@@ -88,6 +91,7 @@ class Ring:
         self.nonfinite = NonFiniteGuard(nonfinite, self.strategy)
         self.strategy.configure(accumulate=accumulate, nonfinite=nonfinite, sync_batchnorm=sync_batchnorm)
         checkpoints = Resumer.checkpoint_dir(checkpoint_dir, save_every, keep_last, resume)
+        self._log = tracking.RunLog(log_dir, log_with, checkpoint_dir)
         if debug_collectives is False and os.environ.get("RINGTRAIN_DEBUG_COLLECTIVES", "0") not in ("", "0"):
             debug_collectives = True  # the user's switch, read here and passed on explicitly
         timeline = timelines.ring_target(timeline)
@@ -134,10 +138,8 @@ class Ring:
     def global_batch_size(self) -> int | None:
         """Samples per optimizer step over the whole job: per-device batch x devices x accumulate."""
         training = [made for made in self._loaders if not made.exact and made.per_device_batch]
-        if not training:
-            return None
         devices = self.strategy.data_parallel_size * self.strategy.devices_per_process
-        return training[0].per_device_batch * devices * self.accumulate
+        return training[0].per_device_batch * devices * self.accumulate if training else None
 
     def __repr__(self) -> str:
         return f"Ring(strategy={self.strategy!r}, rank={self.rank}/{self.world_size}, device={self.device})"
@@ -182,16 +184,14 @@ class Ring:
             scheduler = RingScheduler(scheduler, self.step_state)
             targets[f"scheduler{suffix}"] = scheduler
         self.resumer.track(targets)
+        self._log.resume_from(self.optimizer_steps)  # rows a killed run logged past its checkpoint are redone
         return (wrapped,) + tuple(t for t in (optimizer, scheduler) if t is not None) if optimizer is not None else wrapped
 
     def loader(self, dataset, batch_size: int, shuffle: bool = False, drop_last: bool = False, exact: bool = False,
                **dataloader_kwargs: Any) -> RingLoader:
-        """A DataLoader for this rank: ``batch_size`` samples per device per step.
-
-        Training loaders shard with DistributedSampler (seeded, reshuffled every epoch);
-        ``exact=True`` loaders give each sample to exactly one rank, in contiguous blocks, so
-        ``ring.all_gather`` of their outputs is in dataset order.
-        """
+        """A DataLoader for this rank: ``batch_size`` samples per device per step. Training loaders shard with
+        DistributedSampler (seeded, reshuffled every epoch); ``exact=True`` loaders give each sample to exactly one
+        rank, in contiguous blocks, so ``ring.all_gather`` of their outputs is in dataset order."""
         made = make_loader(
             dataset, batch_size=batch_size * self.strategy.devices_per_process, shuffle=shuffle, drop_last=drop_last,
             exact=exact, rank=self.strategy.data_parallel_rank, world_size=self.strategy.data_parallel_size,
@@ -237,12 +237,9 @@ class Ring:
             self.resumer.autosave()
 
     def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()`` done right for accumulation and precision.
-
-        Divides the loss by the accumulation window, scales it for fp16, and skips DDP's
-        gradient all-reduce (``no_sync``) on all but the window's last micro-batch: one
-        all-reduce per optimizer step, not per micro-batch.
-        """
+        """``loss.backward()`` done right for accumulation and precision: divides the loss by the accumulation window,
+        scales it for fp16, and skips DDP's gradient all-reduce (``no_sync``) on all but the window's last micro-batch:
+        one all-reduce per optimizer step, not per micro-batch."""
         if isinstance(self.strategy, PipelineSchedule):
             raise RingtrainError(
                 "ring.backward under strategy='pipeline': no rank holds the whole model's output",
@@ -307,7 +304,9 @@ class Ring:
     def load(self, path: str, **targets: Any) -> dict[str, Any]:
         """Load ``path`` into ``targets`` on every rank and continue where it was saved (mid-epoch
         included); ring and plain PyTorch checkpoints alike; returns the other entries. See ``Resumer.load``."""
-        return self.resumer.load(path, **targets)
+        extra = self.resumer.load(path, **targets)
+        self._log.resume_from(self.optimizer_steps)
+        return extra
 
     # --- collectives: the strategy's (the identity on one process; reduce/gather: None off dst) -----
     def all_reduce(self, x: Any, op: str = "mean") -> torch.Tensor: return self.strategy.all_reduce(x, op)
@@ -326,6 +325,12 @@ class Ring:
             kwargs.setdefault("flush", True)
             print(*args, **kwargs)
 
+    def log(self, values: dict[str, Any], step: int | None = None, reduce: str | None = "mean") -> dict[str, float]:
+        """Log ``values`` (numbers, one-element tensors) for the whole job: reduced over the ranks (``"mean"``, ``"sum"``,
+        ``"max"``, ``"min"``; None: rank 0's) in one collective, written once by the main process to the run folder at
+        ``step`` (default: the optimizer step, which a resumed log continues from); returns them. See tracking/."""
+        return self._log.log(values, self.optimizer_steps if step is None else step, reduce, self.strategy)
+
     def stats(self) -> dict[int, dict[str, float]]:
         """Per rank (collective): steps, ms/step and the % of a step waiting for data, computing, waiting for the others."""
         return per_rank_stats(dict(enumerate(self.strategy.gather_object(ACTIVITY.times.summary()))))
@@ -333,19 +338,20 @@ class Ring:
     def progress(self, iterable: Iterable[Any], desc: str | None = None, total: int | None = None) -> Progress:
         """A progress bar (loss, samples/s) on the main process; a pass-through elsewhere."""
         return Progress(iterable, enabled=self.is_main, world_size=self.strategy.data_parallel_size,
-                        last_loss=lambda: self._last_loss, desc=desc, total=total)
+                        last_loss=lambda: self._last_loss, logged=lambda: self._log.latest, desc=desc, total=total)
 
     def close(self) -> None:
         """Finish this rank's asynchronous checkpoint, if one is being written; leave the process group."""
         self.resumer.flush(agree=False)
         self.resumer.release()
+        self._log.close()
         timelines.close(self._timeline)
         self.strategy.teardown()
 
-    def __enter__(self) -> "Ring":
-        return self
+    def __enter__(self) -> "Ring": return self
 
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
+        self._log.close()
         timelines.close(self._timeline)
         self.resumer.release(unless_saving=True)  # an asynchronous save still writing keeps the folder
         self.strategy.teardown(error if isinstance(error, Exception) else None)

@@ -35,6 +35,7 @@ COMMANDS: dict[str, Command] = {
     "doctor": Command("ringtrain.doctor.cli", "read a plain PyTorch distributed script and name the traps it falls into"),
     "stacks": Command("ringtrain.launcher.stacks", "make every rank of a running job print its Python stack (kill -USR1)"),
     "timeline": Command("ringtrain.timeline", "merge the per-rank parts of a --timeline folder into one trace and its picture"),
+    "plot": Command("ringtrain.tracking.plot", "draw a run folder's logged curves (curves.png) and per-rank step times (ranks.png)"),
     "consolidate": Command("ringtrain.launcher.consolidate", "turn a sharded checkpoint folder into one plain torch.save file"),
 }
 
