@@ -264,6 +264,26 @@ def periodic(folder: str, epochs: int, stop_at_step: int | None = None, save_eve
     return params, seen
 
 
+def periodic_slow_commit(folder: str, epochs: int, stop_at_step: int, strategy: str = "fsdp", delay: float = 5.0):
+    """``periodic``, with rank 0's end of each sharded save (its metadata and the manifest, after the ranks'
+    collective part) taking ``delay`` seconds: rank 1 finishes while rank 0 still writes alone."""
+    import time
+
+    from ringtrain import sharded
+
+    real = sharded.finish
+
+    def slow(*args, **kwargs):
+        time.sleep(delay)
+        return real(*args, **kwargs)
+
+    sharded.finish = slow
+    try:
+        return periodic(folder, epochs, stop_at_step, save_every=3, strategy=strategy)
+    finally:
+        sharded.finish = real
+
+
 def periodic_refused(folder: str, epochs: int, **kwargs) -> str:
     """``periodic``, expected to be refused: the error's text ('' when it was not)."""
     try:

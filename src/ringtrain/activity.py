@@ -81,6 +81,9 @@ class Activity:
         self.step = 0
         self.epoch: int | None = None
         self.times = StepTimes()
+        # True while the main thread waits for work of this rank's own that needs no peer (the end of a sharded
+        # checkpoint: its metadata and the manifest): not a collective, however long it takes.
+        self.alone = False
         # A timeline.Recorder while a timeline records (timeline.py): it hears every phase change.
         # None otherwise, and then the hot path pays one `is None` test per change.
         self.recorder = None
@@ -100,6 +103,14 @@ class Activity:
             self.phase, self.phase_since = phase, since
             if self.recorder is not None:
                 self.recorder.collective(what, started)
+
+    @contextlib.contextmanager
+    def working_alone(self) -> Iterator[None]:
+        previous, self.alone = self.alone, True
+        try:
+            yield
+        finally:
+            self.alone = previous
 
     def enter(self, phase: str) -> None:
         self.phase, self.phase_since = phase, time.time()
@@ -128,6 +139,8 @@ def main_frame():
 
 def collective_in_progress(backward_syncs: bool) -> str | None:
     """What the main thread is blocked in, if it is a collective; else None."""
+    if ACTIVITY.alone:
+        return None
     frame = main_frame()
     found = None
     while frame is not None:

@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 
 from . import checkpoint
+from .activity import ACTIVITY
 from .errors import RingtrainError
 
 INFO = "ringtrain.pt"
@@ -329,6 +330,7 @@ class AsyncSave:
         self.group = group
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._shared_done = threading.Event()  # the save's collective part is over: the rest is this rank's own
         self._buffers: dict[str, torch.Tensor] = {}  # the staging copies, reused from save to save
         self.staging_s = 0.0  # the last save's copy to CPU memory (the part training waits for)
         self.write_s = 0.0  # ... and its write in the background, to the end of the rename
@@ -350,6 +352,7 @@ class AsyncSave:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
             try:
                 write_shards(staging, staged, self.group)
+                self._shared_done.set()
                 done()
             except BaseException as e:  # surfaced by wait() on the main thread
                 self._error = e
@@ -357,6 +360,7 @@ class AsyncSave:
                 self.write_s = time.perf_counter() - begun
 
         self._error = None
+        self._shared_done.clear()
         self._thread = threading.Thread(target=run, name="ringtrain-checkpoint", daemon=True)
         self._thread.start()
 
@@ -392,8 +396,15 @@ class AsyncSave:
     def wait(self) -> BaseException | None:
         """Block until the save in flight is written; its error, if it failed."""
         if self._thread is not None:
-            while self._thread.is_alive():
+            # While the writer is in its collectives, waiting here is waiting for the other ranks (whose
+            # peers may be gone: the watchdog must see it); after them, what is left (the main process's
+            # metadata and manifest, at low priority on a busy CPU) is this rank's alone, and a peer that
+            # finished meanwhile did nothing wrong.
+            while self._thread.is_alive() and not self._shared_done.is_set():
                 self._thread.join(0.2)
+            with ACTIVITY.working_alone():
+                while self._thread.is_alive():
+                    self._thread.join(0.2)
             self._thread = None
         error, self._error = self._error, None
         return error
