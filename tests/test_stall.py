@@ -30,6 +30,7 @@ pytestmark = pytest.mark.timeout(120)
 
 WARNING_S = 3
 STARTUP_S = 80  # launch to the fault: imports and 3 steps, bounded for a loaded machine
+FAULT = r"JOB fault rank=\d+ mode=\w+ t=([\d.]+)"
 JOBS = jobs.__file__
 # rank 1's never-ending data step (time.sleep in __getitem__), as file:line
 _LINE = next(i for i, text in enumerate(open(JOBS), 1) if "# the data step that never ends" in text)
@@ -71,9 +72,13 @@ class Job:
         """Seconds from the fault (the job's "JOB fault" line) to the first line matching ``pattern``.
 
         ``within`` counts from the fault, not from the launch: on a loaded machine two workers may take
-        tens of seconds to import torch and reach step 3, which says nothing about the watchdog."""
-        fault = self._await(r"JOB fault rank=\d+ mode=\w+ t=([\d.]+)", start_within)
-        at = float(fault.group(1))
+        tens of seconds to import torch and reach step 3, which says nothing about the watchdog. A job with
+        no fault (or a pattern seen first) is given ``start_within + within`` from the launch."""
+        first = self._await(rf"{FAULT}|{pattern}", start_within + within)
+        if re.search(pattern, self.text, re.M) or first.group(1) is None:
+            self._await(pattern, 0.1)
+            return 0.0
+        at = float(first.group(1))
         self._await(pattern, max(1.0, within - (time.time() - at)))
         return time.time() - at
 
