@@ -1,16 +1,14 @@
 """``Ring``: the one object a training script holds.
 
-Data flows one way: the environment (who am I?) and the strategy (how do I run?) prepare
-the model, optimizer and loaders the user's loop then drives. The loop itself is the
-single-device loop: every method here is correct on one process (collectives are the
-identity) and on many. The Ring coordinates; it asks the strategy what it can do and never
-names one (strategies/base.py); saving and resuming is the ``Resumer``'s (resume.py).
+Data flows one way: the environment (who am I?) and the strategy (how do I run?) prepare the model, optimizer and
+loaders the user's loop then drives. The loop itself is the single-device loop: every method here is correct on one
+process (collectives are the identity) and on many. The Ring coordinates; it asks the strategy what it can do and
+never names one (strategies/base.py); saving and resuming is the ``Resumer``'s (resume.py).
 """
 
 from __future__ import annotations
 
 import datetime
-import os
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -28,7 +26,7 @@ from .stall import per_rank_stats
 from .step import Step
 from .strategies import BackwardSyncControl, PipelineSchedule, Strategy
 from .strategies._group import as_timeout
-from .watchdog import stall_warning_of
+from .watchdog import collective_checks_of, stall_warning_of
 
 DEFAULT_TIMEOUT_S = 1800.0
 
@@ -36,20 +34,20 @@ DEFAULT_TIMEOUT_S = 1800.0
 class Ring:
     """Everything a training loop needs to run on one device or many, unchanged.
 
-    ``strategy``: ``"auto"`` (DDP when launched with several processes, else one device), a name
-    (``"single"``, ``"dp"``, ``"ddp"``, ``"fsdp"``, ``"hvd"``), or an object with its own options:
-    ``rt.strategies.DDP(find_unused_parameters=True)``, ``rt.strategies.FSDP(replicate=2)``... Where: ``device``, ``backend``, ``init_method`` (+ ``world_size``, ``rank``: no launcher
-    needed), ``timeout`` (seconds, forming the group and every collective). How: ``accumulate``,
-    ``precision`` (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``), ``sync_batchnorm``, ``seed``,
-    ``deterministic``, ``cudnn_benchmark``. Safety: ``checkpoint_dir`` + ``save_every`` +
-    ``keep_last`` + ``resume`` (periodic saves in a folder one job holds; a restarted job resumes in ``setup``
-    when its configuration is the same: ``"auto"``, or ``"force"``, ``"never"``), ``nonfinite``
-    (``"raise"``, ``"skip"``, ``"ignore"``), ``debug_collectives`` (every collective checked
-    across ranks first), ``stall_warning`` (seconds in one collective before the job's stall report
-    names who has not arrived and where: 60, or ``RINGTRAIN_STALL_WARNING``; None: never); ``timeline``
-    (a folder, or ``RINGTRAIN_TIMELINE``: one Chrome trace of every rank and a picture). A rank that fails, or finishes while others wait for it, ends the
-    job in seconds, named on every rank (liveness.py). Log: ``log_dir`` (``ring.log``'s run folder) and ``log_with``
-    (``"wandb"``, ``"mlflow"``; TensorBoard whenever installed). The README's user guide has the details.
+    ``strategy``: ``"auto"`` (DDP when launched with several processes, else one device), a name (``"single"``,
+    ``"dp"``, ``"ddp"``, ``"fsdp"``, ``"hvd"``), or an object with its own options:
+    ``rt.strategies.DDP(find_unused_parameters=True)``, ``rt.strategies.FSDP(replicate=2)``... Where: ``device``,
+    ``backend``, ``init_method`` (+ ``world_size``, ``rank``: no launcher needed), ``timeout`` (seconds, forming the
+    group and every collective). How: ``accumulate``, ``precision`` (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``),
+    ``sync_batchnorm``, ``seed``, ``deterministic``, ``cudnn_benchmark``. Safety: ``checkpoint_dir`` + ``save_every``
+    + ``keep_last`` + ``resume`` (periodic saves in a folder one job holds; a restarted job resumes in ``setup`` when
+    its configuration is the same: ``"auto"``, or ``"force"``, ``"never"``), ``nonfinite`` (``"raise"``, ``"skip"``,
+    ``"ignore"``), ``debug_collectives`` (every collective checked across ranks first), ``stall_warning`` (seconds in
+    one collective before the job's stall report names who has not arrived and where: 60, or
+    ``RINGTRAIN_STALL_WARNING``; None: never); ``timeline`` (a folder, or ``RINGTRAIN_TIMELINE``: one Chrome trace of
+    every rank and a picture). A rank that fails, or finishes while others wait for it, ends the job in seconds, named
+    on every rank (liveness.py). Log: ``log_dir`` (``ring.log``'s run folder) and ``log_with`` (``"wandb"``,
+    ``"mlflow"``; TensorBoard whenever installed). The README's user guide has the details.
     """
 
     def __init__(
@@ -92,14 +90,12 @@ class Ring:
         self.strategy.configure(accumulate=accumulate, nonfinite=nonfinite, sync_batchnorm=sync_batchnorm)
         checkpoints = Resumer.checkpoint_dir(checkpoint_dir, save_every, keep_last, resume)
         self._log = tracking.RunLog(log_dir, log_with, checkpoint_dir)
-        if debug_collectives is False and os.environ.get("RINGTRAIN_DEBUG_COLLECTIVES", "0") not in ("", "0"):
-            debug_collectives = True  # the user's switch, read here and passed on explicitly
         timeline = timelines.ring_target(timeline)
         self.strategy.setup_environment()
         self._timeline = timelines.start_for_ring(timeline, env)
         self.precision = precisions.Precision(precision, self.device)  # the device is claimed now
-        if debug_collectives is not False:
-            self.strategy.enable_collective_checks(60.0 if debug_collectives is True else float(debug_collectives))
+        if (checks := collective_checks_of(debug_collectives)) is not None:
+            self.strategy.enable_collective_checks(checks)
         self.seed = seed if seed is None else seed_everything(seed)
         self.sync_batchnorm = sync_batchnorm
         configure_kernels(deterministic, cudnn_benchmark)
@@ -261,17 +257,14 @@ class Ring:
     def _drop_window(self) -> None:
         # Backward still ran (DDP expects it); its NaNs are wiped and the window's step dropped.
         for model in self._models:
-            for p in model.parameters():
-                if p.grad is not None:
-                    p.grad.zero_()
+            model.zero_grad(set_to_none=False)  # zeroes the gradients there are, in place
         self.step_state.drop()
 
     def pipeline_step(self, x: torch.Tensor, y: torch.Tensor, loss_fn: Any) -> torch.Tensor:
         """Forward and backward of one batch; its mean loss, on every rank. A pipeline cuts the batch
         into micro-batches through its stages; elsewhere it is ``ring.backward(loss_fn(model(x), y))``."""
         if not isinstance(self.strategy, PipelineSchedule):
-            loss = loss_fn(self._models[-1](x), y)
-            self.backward(loss)
+            self.backward(loss := loss_fn(self._models[-1](x), y))
             return loss.detach()
         self.step_state.check_lr(self._optimizers)
         divisor, boundary = self.step_state.next_backward(self._remaining_batches)
@@ -295,10 +288,9 @@ class Ring:
 
     # --- checkpoints (resume.py) ------------------------------------------------
     def save(self, path: str, *, full: bool | None = None, **state: Any) -> None:
-        """Write ``state`` (modules unwrapped, no ``module.`` prefix) to ``path``, whole or not at all, with
-        every rank's RNG state and the loaders' positions. Under FSDP a sharded folder every rank writes its
-        part of; elsewhere, or with ``full=True``, one ``torch.save`` file gathered on the main process. See
-        ``Resumer.save``."""
+        """Write ``state`` (modules unwrapped, no ``module.`` prefix) to ``path``, whole or not at all, with every rank's
+        RNG state and the loaders' positions. Under FSDP a sharded folder every rank writes its part of; elsewhere, or
+        with ``full=True``, one ``torch.save`` file gathered on the main process. See ``Resumer.save``."""
         self.resumer.save(path, full=full, **state)
 
     def load(self, path: str, **targets: Any) -> dict[str, Any]:

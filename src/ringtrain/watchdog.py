@@ -46,6 +46,14 @@ STOPPED_EXIT_CODE = 1
 Verdict = tuple[str, dict[str, Any]]
 
 
+def collective_checks_of(value: bool | float, environ: Any = os.environ) -> float | None:
+    """``Ring(debug_collectives=...)``: the checks' timeout in seconds, or None (off); ``False`` defers to the
+    user's ``RINGTRAIN_DEBUG_COLLECTIVES`` switch (anything but ``0``/empty turns them on)."""
+    if value is False and environ.get("RINGTRAIN_DEBUG_COLLECTIVES", "0") not in ("", "0"):
+        value = True
+    return None if value is False else 60.0 if value is True else float(value)
+
+
 def stall_warning_of(value: float | None | str = "default", environ: Any = os.environ) -> float | None:
     """``Ring(stall_warning=...)``: seconds, or None (never); by default the user's ``RINGTRAIN_STALL_WARNING``
     (``0`` or ``off``: never), else ``STALL_WARNING_S``."""

@@ -20,8 +20,8 @@ import pytest
 from _launch_util import outputs, results, ringtrain_cmd, write
 
 from ringtrain.errors import RingtrainError
-from ringtrain.launcher import hosts, run, worker
-from ringtrain.launcher.hosts import Host
+from ringtrain.launcher import host_list, hosts, run, worker
+from ringtrain.launcher.host_list import Host
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -37,10 +37,10 @@ PY = "/opt/venv/bin/python"
 
 
 def test_host_list_syntax():
-    assert hosts.parse_host_list("node1:2,node2:2") == [Host("node1", 2), Host("node2", 2)]
-    assert hosts.parse_host_list(" a:1 , b ") == [Host("a", 1), Host("b", 1)]  # no :N = one slot
-    assert hosts.parse_host_list("[::1]:3,[fe80::1]") == [Host("::1", 3), Host("fe80::1", 1)]
-    assert hosts.parse_host_list("10.0.0.1:8") == [Host("10.0.0.1", 8)]
+    assert host_list.parse_host_list("node1:2,node2:2") == [Host("node1", 2), Host("node2", 2)]
+    assert host_list.parse_host_list(" a:1 , b ") == [Host("a", 1), Host("b", 1)]  # no :N = one slot
+    assert host_list.parse_host_list("[::1]:3,[fe80::1]") == [Host("::1", 3), Host("fe80::1", 1)]
+    assert host_list.parse_host_list("10.0.0.1:8") == [Host("10.0.0.1", 8)]
 
 
 @pytest.mark.parametrize("text, words", [
@@ -50,7 +50,7 @@ def test_host_list_syntax():
 ])
 def test_bad_host_lists_say_why(text, words):
     with pytest.raises(RingtrainError, match=words) as e:
-        hosts.parse_host_list(text)
+        host_list.parse_host_list(text)
     assert "HINT: " in str(e.value)
 
 
@@ -63,9 +63,9 @@ def test_hostfile_lines_comments_and_blanks(tmp_path):
         node3
         [::1] slots=1
     """
-    assert hosts.parse_hostfile_text(text) == [Host("node1", 4), Host("node2", 2), Host("node3", 1), Host("::1", 1)]
+    assert host_list.parse_hostfile_text(text) == [Host("node1", 4), Host("node2", 2), Host("node3", 1), Host("::1", 1)]
     path = write(tmp_path / "hosts.txt", "localhost slots=2\n")
-    assert hosts.read_hostfile(str(path)) == [Host("localhost", 2)]
+    assert host_list.read_hostfile(str(path)) == [Host("localhost", 2)]
 
 
 @pytest.mark.parametrize("text, words", [
@@ -74,25 +74,25 @@ def test_hostfile_lines_comments_and_blanks(tmp_path):
 ])
 def test_bad_hostfiles_say_where(text, words):
     with pytest.raises(RingtrainError, match=words) as e:
-        hosts.parse_hostfile_text(text)
+        host_list.parse_hostfile_text(text)
     assert "HINT: " in str(e.value)
 
 
 def test_missing_hostfile(tmp_path):
     with pytest.raises(RingtrainError, match="cannot read it"):
-        hosts.read_hostfile(str(tmp_path / "nope.txt"))
+        host_list.read_hostfile(str(tmp_path / "nope.txt"))
 
 
 def test_np_fills_the_hosts_in_order():
     listed = [Host("a", 2), Host("b", 2), Host("c", 2)]
-    assert hosts.assign(listed, 3) == [Host("a", 2), Host("b", 1)]  # as horovodrun's get_host_assignments
-    assert hosts.assign(listed, 1) == [Host("a", 1)]
-    assert hosts.assign(listed, 6) == listed and hosts.assign(listed, None) == listed
+    assert host_list.assign(listed, 3) == [Host("a", 2), Host("b", 1)]  # as horovodrun's get_host_assignments
+    assert host_list.assign(listed, 1) == [Host("a", 1)]
+    assert host_list.assign(listed, 6) == listed and host_list.assign(listed, None) == listed
     with pytest.raises(RingtrainError, match=r"-np 7 processes, but the hosts \(a:2,b:2,c:2\) have only 6") as e:
-        hosts.assign(listed, 7)
+        host_list.assign(listed, 7)
     assert "HINT: lower -np to 6" in str(e.value)
     with pytest.raises(RingtrainError, match="at least one"):
-        hosts.assign(listed, 0)
+        host_list.assign(listed, 0)
 
 
 def test_local_host_detection():

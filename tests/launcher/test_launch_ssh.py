@@ -304,7 +304,8 @@ def test_a_changed_host_key_is_refused(sshd, tmp_path):
 
 def test_the_job_secret_never_goes_on_an_ssh_command_line_but_its_file_does(tmp_path):
     from ringtrain.errors import RingtrainError
-    from ringtrain.launcher.hosts import Host, forwarded_environment, plan_nodes, sealing_environment
+    from ringtrain.launcher.host_list import Host
+    from ringtrain.launcher.hosts import forwarded_environment, plan_nodes, sealing_environment
 
     environ = {"RINGTRAIN_JOB_SECRET": "do-not-show", "RINGTRAIN_JOB_SECRET_FILE": "/shared/secret", "PATH": "/bin"}
     assert forwarded_environment(environ) == {"RINGTRAIN_JOB_SECRET_FILE": "/shared/secret"}

@@ -23,7 +23,7 @@ import subprocess
 import time
 
 from ..errors import RingtrainError
-from .hosts import Host, assign
+from .host_list import Host, assign
 
 DEFAULT_START_TIMEOUT = 30  # horovodrun's (HOROVOD_START_TIMEOUT)
 
@@ -112,7 +112,7 @@ def apply(ns: argparse.Namespace) -> argparse.Namespace:
         raise RingtrainError("--min-np needs the hosts: --host-discovery-script SCRIPT or -H/--hostfile",
                              "e.g. --host-discovery-script ./discover.sh (it prints `host:slots` lines).")
     else:
-        from .hosts import parse_host_list, read_hostfile
+        from .host_list import parse_host_list, read_hostfile
 
         hosts = parse_host_list(ns.hosts) if ns.hosts is not None else read_hostfile(ns.hostfile)
     total = sum(h.slots for h in hosts)
