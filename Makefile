@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.ringtrain-installed
 
 GPU_CHECK_OUT ?= gpu-check-report
 
-.PHONY: demo test test-stress test-hosts test-gpu gpu-check bench-overhead install clean
+.PHONY: demo test test-stress test-load test-hosts test-gpu gpu-check bench-overhead install clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ test: $(STAMP)
 # 200 finished jobs with no abort at exit, every way a rank can leave x every launcher.
 test-stress: $(STAMP)
 	$(PY) -m pytest -q -s -m stress
+
+# The suite under load (issue 21): `.ci/run` on a fresh clone of HEAD, three times in a row, each
+# beside two busy loops; stops at the first failure. About 45 minutes a run on 2 cores. RUNS= and HOGS= change it.
+test-load:
+	scripts/suite_under_load.sh HEAD
 
 # Remote hosts for real: an OpenSSH server on 127.0.0.2 (started by the tests, with a key they make)
 # and `ringtrain run -H 127.0.0.1:1,127.0.0.2:1` / --hostfile / --nnodes with node 1 over ssh.
