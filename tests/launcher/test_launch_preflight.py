@@ -44,7 +44,8 @@ def test_node_0_refuses_a_master_addr_that_is_another_machine(tmp_path):
     script = str(write(tmp_path / "train.py", ALLREDUCE))
     start = time.monotonic()
     proc = run_ringtrain("run", "--nnodes", "2", "--master-addr", "192.0.2.1", script, timeout=60)  # TEST-NET-1
-    assert "--master-addr 192.0.2.1 is not an address of this machine, but this is node 0" in _refusal(proc), outputs(proc)
+    said = _refusal(proc)
+    assert "--master-addr 192.0.2.1 is not an address of this machine, but this is node 0" in said, outputs(proc)
     assert time.monotonic() - start < 60
     unresolved = run_ringtrain("run", "--nnodes", "2", "--master-addr", "node0.invalid", script, timeout=60)
     assert "--master-addr 'node0.invalid' does not resolve on this machine (node 0)" in _refusal(unresolved), \
