@@ -277,11 +277,22 @@ def ckpt_kill_main(args: argparse.Namespace) -> None:
 
 
 def user_save_kill_main(args: argparse.Namespace) -> None:
-    """The user's own ``ring.save(path)``, SIGKILLed halfway through writing its temporary file."""
+    """The user's own ``ring.save(path)``, SIGKILLed halfway through writing its temporary file; with
+    ``--sharded``, ``ring.save(path, full=False)`` SIGKILLed once its shards are in the staging folder
+    (before that folder is put in place)."""
+    from ringtrain import sharded
+
     ring = rt.Ring(seed=0)
     model = ring.setup(dropout_model())
-    _arm("temp-partial")
-    ring.save(args.path, model=model)
+    if args.sharded:
+        real_write = sharded.write_shards
+        def write_shards(folder, *a, **kw):
+            real_write(folder, *a, **kw)
+            _die()
+        sharded.write_shards = write_shards
+    else:
+        _arm("temp-partial")
+    ring.save(args.path, model=model, full=not args.sharded)
     print("finished without dying", flush=True)
 
 
@@ -479,6 +490,7 @@ def main(argv: list[str]) -> None:
     kill.add_argument("--keep-last", type=int, default=2)
     user_save = jobs.add_parser("user-save-kill")
     user_save.add_argument("--path", required=True)
+    user_save.add_argument("--sharded", action="store_true")
     full = jobs.add_parser("manifest-full")
     full.add_argument("--folder", required=True)
     soak = jobs.add_parser("soak")

@@ -149,6 +149,30 @@ def test_a_user_save_killed_mid_write_leaves_a_temporary_the_next_save_removes(t
     assert sorted(os.listdir(tmp_path)) == sorted([live.name, remote.name, "ckpt.pt"])
 
 
+def test_a_sharded_user_save_killed_mid_write_leaves_a_staging_folder_the_next_save_removes(tmp_path):
+    path = tmp_path / "ckpt"
+    proc = subprocess.run([sys.executable, _fault_jobs.__file__, "user-save-kill", "--path", str(path), "--sharded"],
+                          capture_output=True, text=True, timeout=90, env=child_env())
+    assert proc.returncode == -9, outputs(proc)  # SIGKILL with the shards written, the folder not yet in place
+    (left,) = os.listdir(tmp_path)
+    assert left.startswith(".ckpt.") and left.endswith(".tmp") and (tmp_path / left).is_dir(), left
+    assert any(n.endswith(".distcp") for n in os.listdir(tmp_path / left))
+    # Not touched: a staging folder a live process is writing (this one), one from another host.
+    host, pid = writer_tag().split("-")
+    live = tmp_path / f".other.{host}-{pid}.abcd_123.tmp"
+    remote = tmp_path / f".other.{'0' if host[0] != '0' else '1'}{host[1:]}-1.abcd_123.tmp"
+    for other in (live, remote):
+        other.mkdir()
+        (other / "__0_0.distcp").write_bytes(b"being written")
+    ring = rt.Ring()
+    model = ring.setup(jobs.small_model())
+    ring.save(str(path), model=model, full=False)
+    assert sorted(os.listdir(tmp_path)) == sorted([live.name, remote.name, "ckpt"])
+    fresh = jobs.small_model()
+    ring.load(str(path), model=fresh)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+
+
 def test_a_full_disk_at_the_manifest_write_is_named_and_the_old_manifest_kept(tmp_path):
     # Step 2's checkpoint and manifest are written; at step 4 the checkpoint file is written, then the file
     # system refuses the new manifest (ENOSPC at the OS call).

@@ -211,12 +211,12 @@ def load_model_state(model: torch.nn.Module, state_dict: Mapping[str, Any], path
 _STEP_FILE = re.compile(r"step-(\d{9,})(?:\.pt)?")  # CheckpointDir.path_for's names: files, or sharded folders
 # The temporaries ringtrain itself names in a checkpoint folder: atomic_save's and the
 # manifest's files ".<final name>.<mkstemp's [a-z0-9_] characters>.tmp", and check_writable's
-# probe; a sharded save's staging folder ".step-<n>.<mkdtemp's 8 characters>.tmp" (and ".old",
+# probe; a sharded save's staging folder ".step-<n>.<writer>.<mkdtemp's 8 characters>.tmp" (and ".old",
 # an older folder on its way out). One of that shape was never renamed to its final name, so it
 # never counted. Each is ours only as the kind it is made as (a file, or a folder).
 _OWN_TEMPORARY = re.compile(
     r"\.(?:step-\d{9,}\.pt|manifest\.json|ringtrain-write-check|ringtrain\.lock)\.(?:[0-9a-f]{8}-\d+\.)?[a-z0-9_]+\.tmp")
-_OWN_STAGING = re.compile(r"\.step-\d{9,}\.[a-z0-9_]{8}\.tmp(?:\.old)?")
+_OWN_STAGING = re.compile(r"\.step-\d{9,}\.(?:[0-9a-f]{8}-\d+\.)?[a-z0-9_]{8}\.tmp(?:\.old)?")
 _MANIFEST_HINT = (
     "manifest entries are plain file names in the checkpoint folder (e.g. step-000000012.pt), and only ringtrain "
     "writes the manifest: check who else can write there, then fix manifest.json or delete it (ringtrain "

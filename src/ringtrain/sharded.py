@@ -17,11 +17,12 @@ builds only DCP's own metadata classes, and every file it names must be a plain 
 the folder.
 
 **Complete or absent.** The ranks write into a staging folder beside the target
-(``.ckpt.<random>.tmp``); only when DCP's coordinator has written ``.metadata`` (so every
+(``.ckpt.<writer>.<random>.tmp``); only when DCP's coordinator has written ``.metadata`` (so every
 rank's data is on disk, ``fsync``-ed) does rank 0 write ``ringtrain.pt`` and rename the
 staging folder into place — swapping it atomically with an older checkpoint at that path
 (Linux ``renameat2(RENAME_EXCHANGE)``). A crash at any moment leaves the old checkpoint or
-the new one, and at worst a staging folder that ``CheckpointDir.prepare`` removes.
+the new one, and at worst a staging folder that ``CheckpointDir.prepare`` removes, or (outside a
+checkpoint_dir) the next save in that folder once its writer is gone (``temporaries``).
 
 **Any world size.** Tensors are stored with their global shapes; loading asks each rank for
 the pieces its own layout holds (a DTensor shard, a pipeline stage, the whole tensor), so a
@@ -43,7 +44,6 @@ import io
 import os
 import pickle
 import shutil
-import tempfile
 import threading
 import time
 import warnings
@@ -54,6 +54,7 @@ import torch
 from . import checkpoint
 from .activity import ACTIVITY
 from .errors import RingtrainError
+from .temporaries import remove_dead_temporaries, temporary_folder, write_failed
 
 INFO = "ringtrain.pt"
 FORMAT = 1
@@ -252,7 +253,11 @@ def staging_folder(path: str) -> str:
         raise RingtrainError(f"cannot save the sharded checkpoint to {path!r}: a folder that is not a ringtrain "
                              "checkpoint is there, and ring.save never deletes what is not its own",
                              "save to a new path, or move that folder away.")
-    return tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=parent)
+    try:
+        remove_dead_temporaries(parent)  # what a writer killed mid-save here left (kill -9, the OOM killer)
+        return temporary_folder(parent, os.path.basename(path))
+    except OSError as e:
+        raise write_failed("the sharded checkpoint", path, e, "the checkpoint at that path, if any, is unchanged") from e
 
 
 def write_shards(folder: str, tensors: Mapping[str, torch.Tensor], group: Any = None) -> None:

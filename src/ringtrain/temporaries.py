@@ -6,6 +6,8 @@ where the writer is ``<host hash>-<pid>``. A process killed mid-write (``kill -9
 killer) leaves one behind, possibly as large as the checkpoint. Its name says who wrote it, so
 the next save in that folder removes it once that writer is gone — and never touches one a live
 process (or a process on another host, which cannot be checked from here) may still be writing.
+A sharded checkpoint's staging folder (``sharded.staging_folder``) is named the same way, by the
+rank that made it, and is removed the same way.
 
 A write the operating system refuses (a full disk, a lost permission) is reported the same way
 for every file: the path, what failed, and a HINT about space and permissions.
@@ -17,6 +19,7 @@ import contextlib
 import hashlib
 import os
 import re
+import shutil
 import socket
 import tempfile
 
@@ -56,16 +59,28 @@ def temporary(folder: str, final_name: str) -> tuple[int, str]:
     return tempfile.mkstemp(prefix=f".{final_name}.{writer_tag()}.", suffix=".tmp", dir=folder)
 
 
+def temporary_folder(folder: str, final_name: str) -> str:
+    """``mkdtemp`` for a folder that becomes ``final_name`` in ``folder``, named with this writer's tag."""
+    return tempfile.mkdtemp(prefix=f".{final_name}.{writer_tag()}.", suffix=".tmp", dir=folder)
+
+
 def remove_dead_temporaries(folder: str) -> list[str]:
-    """Delete the temporary files in ``folder`` that a writer on this host left when it died; their names."""
+    """Delete the temporary files and staging folders in ``folder`` that a writer on this host left when it
+    died; their names. A link is never followed (nor removed: ringtrain never makes one)."""
     removed = []
     for name in sorted(os.listdir(folder)):
         found = TAGGED.fullmatch(name)
         path = os.path.join(folder, name)
-        if found and writer_gone(found["writer"]) and os.path.isfile(path) and not os.path.islink(path):
-            with contextlib.suppress(FileNotFoundError):
+        if not found or os.path.islink(path) or not writer_gone(found["writer"]):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.isfile(path):
                 os.unlink(path)
-                removed.append(name)
+            elif os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                continue
+            removed.append(name)
     return removed
 
 
