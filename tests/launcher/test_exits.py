@@ -2,7 +2,8 @@
 
 End to end: rank 0's worker is SIGKILLed (what the OOM killer does) on node 0 while node 1 runs in a
 pid namespace of its own, as a second machine does (it cannot see node 0's pids). Node 0's agent posts
-the death on the board; rank 1 learns it and blames rank 0, and so does the report on both nodes."""
+the death on the board; rank 1 learns it and blames rank 0, and so does the report on both nodes — also
+under --max-restarts, where the attempt that ends the job has a store of its own."""
 
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ JOB = """
     ring = rt.Ring(strategy="ddp")
     rank = int(os.environ["RANK"])
     out = sys.argv[1]
-    with open(os.path.join(out, f"pid.{rank}.tmp"), "w") as f:
+    name = f"pid.{os.environ['TORCHELASTIC_RESTART_COUNT']}.{rank}"  # one per attempt under --max-restarts
+    with open(os.path.join(out, name + ".tmp"), "w") as f:
         f.write(str(os.getpid()))
-    os.replace(os.path.join(out, f"pid.{rank}.tmp"), os.path.join(out, f"pid.{rank}"))
+    os.replace(os.path.join(out, name + ".tmp"), os.path.join(out, name))
     if rank == 0:
         time.sleep(150)  # killed by the test before this ends
     ring.all_reduce(torch.ones(1))  # rank 1 waits here for rank 0, which never comes
@@ -62,14 +64,15 @@ def _wait_for(path: Path, procs: list, timeout: float = 120) -> int:
     return int(path.read_text())
 
 
-def test_a_rank_killed_on_another_node_is_named_on_every_node(tmp_path):
+@pytest.mark.parametrize("restarts", [0, 1], ids=["no-restarts", "max-restarts-1"])
+def test_a_rank_killed_on_another_node_is_named_on_every_node(tmp_path, restarts):
     why = _unshare_works()
     if why:
         pytest.skip(why)
     script = write(tmp_path / "job.py", JOB)
     port = str(free_port())
     common = ["run", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-              "--master-port", port, "--timeout", "60"]
+              "--master-port", port, "--timeout", "60", "--max-restarts", str(restarts)]
     # Both nodes share one secret, as the user sets it on every machine (README, "Security").
     env = child_env(RINGTRAIN_JOB_SECRET="test-secret-shared-by-both-nodes", RINGTRAIN_STALL_WARNING="off")
     node0 = subprocess.Popen(ringtrain_cmd(*common, "--node-rank", "0", str(script), str(tmp_path)),
@@ -79,9 +82,12 @@ def test_a_rank_killed_on_another_node_is_named_on_every_node(tmp_path):
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     procs = [node0, node1]
     try:
-        victim = _wait_for(tmp_path / "pid.0", procs)
-        _wait_for(tmp_path / "pid.1", procs)
-        os.kill(victim, signal.SIGKILL)
+        # Under --max-restarts 1 rank 0 is killed in both attempts: the second time ends the job, and its
+        # store is the restart's own (rendezvous.py), not the one on --master-port.
+        for attempt in range(restarts + 1):
+            victim = _wait_for(tmp_path / f"pid.{attempt}.0", procs)
+            _wait_for(tmp_path / f"pid.{attempt}.1", procs)
+            os.kill(victim, signal.SIGKILL)
         out0, err0 = node0.communicate(timeout=90)
         out1, err1 = node1.communicate(timeout=90)
     finally:
@@ -94,7 +100,8 @@ def test_a_rank_killed_on_another_node_is_named_on_every_node(tmp_path):
     assert "NOT STOPPED" not in out0 + out1
     # Rank 1 says who, and so does node 1's report; nothing blames rank 1 itself.
     blame = "rank 0 was killed by SIGKILL (the OOM killer?) on host "
-    assert "rank 1 stopped because" in err1 and blame in err1, said
+    final = err1[err1.rfind("rank 1 stopped because"):]  # the last attempt's words
+    assert "rank 1 stopped because" in err1 and blame in final, said
     assert f"ringtrain run: {blame}" in err1 and "worker rank 1 failed first" not in err1, said
     # Node 0's report names its own worker, killed by SIGKILL.
     assert "worker rank 0 failed first" in err0 and "SIGKILL" in err0, said

@@ -17,8 +17,11 @@ Node 0's agent hosts the store: if it left at once, the other nodes could no lon
 posted. ``hold_store`` keeps it until every rank of the other nodes has posted how it left, or
 ``HOLD_S`` — a bounded wait on the failure path of the store's host only; ranks never wait here.
 
-Only jobs with fixed node counts and no restarts: with ``--max-restarts`` the last attempt's store is
-closed with the agent's rendezvous, and an elastic job's store lives in rank 0's worker itself.
+Only jobs with fixed node counts, and under ``--max-restarts`` only the last attempt (the one that ends
+the job): its board is in that attempt's own store, which node 0 keeps open for this
+(``rendezvous.workers_store``). A death that only causes a restart is not posted (torch's agent
+restarts its workers without handing the exits out); the other nodes' ranks of that attempt see
+their connection close and restart with it. An elastic job's store lives in rank 0's worker itself.
 """
 
 from __future__ import annotations

@@ -26,6 +26,10 @@ on ``--master-port``, the other nodes wait for it up to ``--timeout`` — except
   (waiting.py), and the nodes count each other in the store instead of node 0 blocking
   silently in the store's constructor.
 
+The newest attempt's store outlives the agent's ``shutdown``: node 0 keeps it open (and every node
+knows its port) until ``ringtrain run`` ends, so that after the last attempt fails the agent can still
+post its workers' silent deaths there for the ranks of the other nodes (``workers_store``, exits.py).
+
 The agents of all nodes count attempts the same way (every restart is a new round on
 every node: a worker that dies takes its peers' collectives down with it); should they
 ever disagree, a node waits for the other's store port up to ``--timeout`` and fails
@@ -55,12 +59,25 @@ from .waiting import join_all, reach
 BACKEND = "ringtrain"
 
 
+_newest: FreshStoreRendezvous | None = None  # this process's handler (one agent per `ringtrain run`)
+
+
 def _create(params: RendezvousParameters) -> FreshStoreRendezvous:
+    global _newest
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=-1)
-    return FreshStoreRendezvous(
+    _newest = FreshStoreRendezvous(
         host, port, rank=int(params.config["rank"]), world_size=params.max_nodes,
         run_id=params.run_id, timeout=int(params.config.get("timeout", 600)),
     )
+    return _newest
+
+
+def workers_store(main_store: TCPStore | None, main_port: int) -> tuple[TCPStore | None, int]:
+    """The store the newest attempt's workers used, and its port: the one on --master-port (``main_store``
+    on node 0, None elsewhere) until a restart, then that restart's own (node 0 holds it, still open)."""
+    if _newest is None or _newest.worker_port is None or _newest.worker_port == main_port:
+        return main_store, main_port
+    return _newest.kept_store, _newest.worker_port
 
 
 def register() -> None:
@@ -77,6 +94,8 @@ class FreshStoreRendezvous(RendezvousHandler):
         self.timeout = timedelta(seconds=timeout)
         self._main: TCPStore | None = None  # the store on --master-port: node 0 reuses the one `ringtrain run` hosts
         self._worker_store: TCPStore | None = None  # node 0: the current restart's store, kept open while its workers run
+        self.kept_store: TCPStore | None = None  # node 0, after shutdown: the last attempt's store, for the launcher
+        self.worker_port: int | None = None  # the newest attempt's store port (every node)
         self._attempt = -1
 
     def get_backend(self) -> str:
@@ -100,6 +119,7 @@ class FreshStoreRendezvous(RendezvousHandler):
                 self._main.set(key, str(port))
             else:
                 port = int(self._main.get(key).decode())  # waits up to the store's timeout
+        self.worker_port = port
         return RendezvousInfo(
             PrefixStore(prefix, self._main), self.rank, self.world_size,
             RendezvousStoreInfo(self.master_addr, port),
@@ -136,5 +156,7 @@ class FreshStoreRendezvous(RendezvousHandler):
         return self.run_id
 
     def shutdown(self) -> bool:
-        self._worker_store = None
+        # The last attempt's store stays open until this process ends: its ranks on other nodes may still
+        # have to read how this node's workers died (workers_store).
+        self.kept_store, self._worker_store = self._worker_store, None
         return True

@@ -747,10 +747,13 @@ def _execute(plan: Plan) -> int:
         # ...nor could it tell the ranks on other machines: this agent does (exits.py).
         silent = exits.unspoken(e.failures, first_cause(e.failures)[0])
         board = None
-        if (silent or store is not None) and not plan.elastic and plan.max_restarts == 0:
-            board = job_board(store, (plan.master_addr.strip("[]"), port))
-            exits.tell_job(board, silent)
-        print(format_child_failure(e, plan.node_rank, job_board(store)), file=sys.stderr, flush=True)
+        if not plan.elastic:  # the last attempt's board: after a restart, in that restart's own store
+            attempt_store, attempt_port = rendezvous.workers_store(store, port)
+            if silent or attempt_store is not None:
+                board = job_board(attempt_store, (plan.master_addr.strip("[]"), attempt_port))
+                exits.tell_job(board, silent)
+        print(format_child_failure(e, plan.node_rank, board if board is not None else job_board(store)),
+              file=sys.stderr, flush=True)
         if store is not None and plan.max_nodes > 1:
             exits.hold_store(board, set(e.failures))
         return 1
@@ -769,7 +772,8 @@ def _execute(plan: Plan) -> int:
             from ..timeline import merge_after_job
 
             merge_after_job(plan.timeline)  # unless the last worker did; a rank that died has no part
-    summary = run_summary(job_board(store))
+    final_store = store if plan.elastic else rendezvous.workers_store(store, port)[0]  # after restarts, the last's
+    summary = run_summary(job_board(final_store))
     if summary:
         print(summary, file=sys.stderr)
     del store
