@@ -248,6 +248,33 @@ def test_two_nodes_restart_together_with_a_fresh_store(tmp_path):
     assert rows[0]["port"] == rows[1]["port"] != port, report  # a new store for the new attempt
 
 
+FAILS_AT_STEP_3_ONCE = """
+import os, torch, ringtrain as rt
+
+ring = rt.Ring(strategy="ddp", seed=0)
+model = torch.nn.Linear(4, 1)
+model, opt = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+data = torch.utils.data.TensorDataset(torch.randn(400, 4), torch.randn(400, 1))
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+for epoch in ring.epochs(1):
+    for i, (x, y) in enumerate(ring.loader(data, batch_size=4)):  # 50 steps
+        if attempt == 0 and i == 3 and ring.rank == 1:
+            raise ValueError("the first attempt fails at step 3")
+        ring.backward(torch.nn.functional.mse_loss(model(x), y))
+        opt.step(); opt.zero_grad()
+"""
+
+
+def test_the_step_table_after_a_restart_is_the_last_attempts(tmp_path):
+    # The restarted workers meet in a store of their own (rendezvous.py): the table is read from there,
+    # not from the first attempt's (which said 3 steps).
+    script = write(tmp_path / "train.py", FAILS_AT_STEP_3_ONCE)
+    proc = run_ringtrain("run", "--nproc-per-node", "2", "--max-restarts", "1", str(script), timeout=100)
+    assert proc.returncode == 0, outputs(proc)
+    table = proc.stderr[proc.stderr.index("ringtrain: per-rank step times"):].splitlines()
+    assert [row.split()[:2] for row in table[2:4]] == [["0", "50"], ["1", "50"]], outputs(proc)
+
+
 KILLED_WHILE_RECORDING = """
 import json, os, signal, sys, traceback
 from ringtrain import failures  # what the worker entry writes the error file with
