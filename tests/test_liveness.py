@@ -91,6 +91,34 @@ def test_a_lost_connection_names_the_neighbour_that_vanished_and_waits_only_that
     assert time.monotonic() - start < 0.5
 
 
+def test_a_store_whose_host_is_gone_is_asked_no_more_and_named(monkeypatch):
+    import gc
+
+    from ringtrain.board import StoreLost
+    from ringtrain.seal import Seal
+
+    timeout = datetime.timedelta(seconds=5)
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+    client = dist.TCPStore("127.0.0.1", master.port, is_master=False, wait_for_workers=False, timeout=timeout)
+    board = liveness.Board(client, 1, 2, "0-0", Seal("k"))
+    watcher = board.clone()  # the watchdog's connection
+    board.hello()
+    assert not board.lost and board.hellos_so_far().keys() == {1}
+    del master  # the store's host goes (its node was killed)
+    gc.collect()
+    assert board.read() == {} and board.lost and watcher.lost  # one failed call, seen by every connection
+    start = time.monotonic()
+    with pytest.raises(StoreLost):
+        watcher.count()  # not asked: no C++ warning, no wait
+    assert time.monotonic() - start < 0.1
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    lost = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1234")
+    entry = liveness.post_failure(board, "RuntimeError: Connection closed", lost)
+    assert entry.cause == "peer" and entry.blame.state == "unreachable"
+    assert entry.blame.describe().startswith("the job's store at 127.0.0.1:29500 closed its connections")
+
+
 # --- the watchdog's verdicts ------------------------------------------------------------
 
 def watchdog(board: liveness.Board, **kwargs) -> liveness.Watchdog:

@@ -12,6 +12,9 @@ formation number: a restarted job never reads the dead attempt's keys):
 
 ``ringtrain/live/current`` holds the newest generation, for the launcher's report and
 ``kill -USR1``. Every method swallows store errors: the board is advice, never a new way to fail.
+Once the store's host has gone (its connection closed: the node that hosts it was killed or lost),
+the board and its clones stop asking (``lost``): each failed call of the store's C++ client prints
+a warning with a C++ stack, and the watchdog would print one twice a second until the rank ends.
 
 Every record (hello, post, whereabouts, stack answer) is sealed with the job's secret (seal.py) and
 read back only if its seal is the job's: a post another process forged into the store is ignored
@@ -64,25 +67,66 @@ def process_state(pid: int) -> str:
     return _STATES.get(fields[0], f"state {fields[0]}")
 
 
+class StoreLost(RuntimeError):
+    """The store's host is gone: asked no more (``Board.lost``)."""
+
+
+class _Reach:
+    """Whether the store still answers, shared by a board and its clones (one host, many connections)."""
+
+    def __init__(self) -> None:
+        self.lost_at: float | None = None  # time.time() of the first closed connection
+
+
+class _Guarded:
+    """A store whose calls stop, with ``StoreLost``, once one of them found the store's host gone."""
+
+    def __init__(self, store: Any, reach: _Reach):
+        self._store, self._reach = store, reach
+
+    def __getattr__(self, name: str) -> Any:
+        import torch.distributed as dist
+
+        method = getattr(self._store, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._reach.lost_at is not None:
+                raise StoreLost("the job's store stopped answering")
+            try:
+                return method(*args, **kwargs)
+            except dist.DistNetworkError:  # a closed connection; a key's timeout is a DistStoreError
+                self._reach.lost_at = self._reach.lost_at or time.time()
+                raise
+        return call
+
+
 class Board:
     """The liveness keys of one process group in the job's store. Never raises on store errors."""
 
-    def __init__(self, store: Any, rank: int, world_size: int, generation: str, seal: Seal | None = None):
+    def __init__(self, store: Any, rank: int, world_size: int, generation: str, seal: Seal | None = None,
+                 reach: _Reach | None = None):
         import torch.distributed as dist
 
         self.rank, self.world_size, self.generation = rank, world_size, generation
-        self._raw = store
-        self.store = dist.PrefixStore(f"{PREFIX}/{generation}", store)
+        self._reach = reach if reach is not None else _Reach()
+        self._plain = store
+        self._raw = _Guarded(store, self._reach)
+        self.store = _Guarded(dist.PrefixStore(f"{PREFIX}/{generation}", store), self._reach)
         self.seal = seal if seal is not None else Seal.from_environ()
         self.posted: Post | None = None  # what this rank posted, if it did
+
+    @property
+    def lost(self) -> bool:
+        """Has the store's host gone (a connection to it closed)? Then nothing is read or posted any more."""
+        return self._reach.lost_at is not None
 
     def clone(self) -> "Board":
         """The same board on a connection of its own (for another thread)."""
         try:
-            store = self._raw.clone()
+            store = self._plain.clone()
         except (RuntimeError, AttributeError):  # a store type without clone(): share the object
-            store = self._raw
-        return Board(store, self.rank, self.world_size, self.generation, self.seal)
+            store = self._plain
+        return Board(store, self.rank, self.world_size, self.generation, self.seal, self._reach)
 
     # --- sealed records (seal.py) -----------------------------------------------------------------
     def _full(self, key: str) -> str:

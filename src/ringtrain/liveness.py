@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import faulthandler
+import os
 import signal
 import socket
 import sys
@@ -44,7 +45,8 @@ from .watchdog import GRACE_S, POLL_S, STALL_WARNING_S, Watchdog, default_checks
 __all__ = [
     "ACTIVE", "ACTIVITY", "Board", "EXIT_BOUND_S", "GRACE_S", "LAST", "LOST_PEER_WAIT_S", "Membership", "POLL_S",
     "STALL_WARNING_S", "Watchdog", "bound_exit", "bounded", "collective_in_progress", "explain", "format_exception_line",
-    "host_identity", "leave_process", "lost_a_peer", "pid_gone", "plain_board", "post_failure", "stuck_peer",
+    "host_identity", "leave_process", "lost_a_peer", "pid_gone", "plain_board", "post_failure", "store_host_lost",
+    "stuck_peer",
     "timed_out", "vanished_blame",
 ]
 
@@ -189,6 +191,9 @@ def _find_lost_peer(board: Board, wait_s: float = LOST_PEER_WAIT_S,
         first = board.first_peer_post()
         if first is not None:
             return first
+        if board.lost:  # the store went with the peer: the node that hosts it is gone, and nobody can post
+            blame = store_host_lost()
+            return Post(rank=blame.rank, state="failed", reason=blame.reason, time=time.time(), blame=blame)
         if neighbours is None:
             neighbours = board.neighbours()
             if neighbours is None or len(neighbours) < board.world_size - 1:
@@ -200,6 +205,17 @@ def _find_lost_peer(board: Board, wait_s: float = LOST_PEER_WAIT_S,
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.1)
+
+
+def store_host_lost() -> Blame:
+    """The blame when a peer's connection and the job's store closed together: the store's host is gone.
+    Rank 0 runs there under ``ringtrain run``, torchrun's static rendezvous, srun and ``rt.launch`` (the
+    rank number is kept for the records; the words name the store, not a rank: under torchrun's c10d
+    rendezvous the store's node need not hold rank 0)."""
+    where = f"at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} " if "MASTER_PORT" in os.environ else ""
+    return Blame(0, "unreachable", f"{where}closed its connections together with a peer: whoever hosts it (node "
+                                   "0's ringtrain run or torchrun; rank 0 itself under srun or a plain env:// start) "
+                                   "is gone: killed, crashed, or its network lost")
 
 
 def stuck_peer(board: Board, wait_s: float = 2.0) -> Blame | None:

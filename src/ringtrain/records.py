@@ -20,13 +20,15 @@ class Blame:
     """The rank a stop is blamed on: ``rank 1 failed (ValueError: boom)``."""
 
     rank: int
-    state: str  # "failed" | "finished" | "left" | "stuck" | "not responding" | "killed"
+    state: str  # "failed" | "finished" | "left" | "stuck" | "not responding" | "killed" | "unreachable"
     reason: str = "no reason given"
     stack: str | None = None  # where it was, for a stuck rank (its main thread's Python stack)
 
     def describe(self) -> str:
         if self.state == "killed":  # reason: "by SIGKILL (the OOM killer?) on host H, pid P"
             return f"rank {self.rank} was killed {self.reason}"
+        if self.state == "unreachable":  # the store's host is gone; which ranks went with it is not known here
+            return f"the job's store {self.reason}"
         return f"rank {self.rank} {self.state} ({self.reason})"
 
     @classmethod

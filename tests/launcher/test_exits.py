@@ -107,6 +107,45 @@ def test_a_rank_killed_on_another_node_is_named_on_every_node(tmp_path, restarts
     assert "worker rank 0 failed first" in err0 and "SIGKILL" in err0, said
 
 
+def test_a_node_lost_whole_is_named_by_its_store_in_a_second_and_one_warning(tmp_path):
+    # Node 0's `ringtrain run` is SIGKILLed (the machine crashed, or lost its network): its worker goes with it
+    # (no agent is left to post anything), and so does the store it hosts. Rank 1, in its own pid namespace,
+    # blamed itself after ~6 s and ~100 C++ store warnings (1,500 lines of C++ stack) before.
+    why = _unshare_works()
+    if why:
+        pytest.skip(why)
+    script = write(tmp_path / "job.py", JOB)
+    port = str(free_port())
+    common = ["run", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port,
+              "--timeout", "60"]
+    env = child_env(RINGTRAIN_JOB_SECRET="test-secret-shared-by-both-nodes", RINGTRAIN_STALL_WARNING="off")
+    node0 = subprocess.Popen(ringtrain_cmd(*common, "--node-rank", "0", str(script), str(tmp_path)),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    node1 = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc",
+                              *ringtrain_cmd(*common, "--node-rank", "1", str(script), str(tmp_path))],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    procs = [node0, node1]
+    try:
+        _wait_for(tmp_path / "pid.0.0", procs)
+        _wait_for(tmp_path / "pid.0.1", procs)
+        time.sleep(1)  # rank 1 is in its all_reduce
+        os.kill(node0.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        out1, err1 = node1.communicate(timeout=90)
+        took = time.monotonic() - killed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    assert node1.returncode == 1 and "NOT STOPPED" not in out1, err1
+    store = f"the job's store at 127.0.0.1:{port} closed its connections together with a peer"
+    assert f"rank 1 stopped because {store}" in err1 and f"ringtrain run: {store}" in err1, err1
+    assert "worker rank 1 failed first" not in err1 and "look at node 0" in err1, err1
+    assert err1.count("TCPStore.cpp") <= 2, err1  # the board stops asking a store that is gone
+    assert took < 20, f"{took:.1f} s"  # 0.7 s on an idle machine
+
+
 def test_the_agent_posts_only_the_exits_nobody_posted(tmp_path):
     import json
 

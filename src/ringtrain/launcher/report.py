@@ -43,6 +43,9 @@ HINTS = {
     "with other sizes): the dump shows this rank's call, the lines above where the others were.",
     "mismatch": "every rank must call the same collectives in the same order: look at the lines above for the "
     "call one rank makes and the other does not (a branch on the rank, or on per-rank data).",
+    "unreachable": "look at node 0 (the machine at --master-addr): its ringtrain run's output, `dmesg` there for the "
+    "OOM killer, whether the machine is up and this node still reaches it; then start the job again on every node "
+    "(a checkpoint_dir resumes it).",
     "peer": "every rank must make the same collective calls until the end: a rank that returns, "
     "breaks out of its loop or calls ring.close() early leaves the others waiting (look for a branch "
     "on the rank or on per-rank data, e.g. a dataset that is empty on one rank).",
@@ -213,7 +216,7 @@ def format_child_failure(error: Any, node_rank: int, board: Any = None) -> str:
         if message:
             lines += ["", f"rank {rank}: {message}"]
         # A rank killed on another node (its agent posted it: exits.py) is the signal's case, not an early return.
-        hint = HINTS["signal"] if blame.state == "killed" else HINTS["peer"]
+        hint = {"killed": HINTS["signal"], "unreachable": HINTS["unreachable"]}.get(blame.state, HINTS["peer"])
     else:
         lines = [f"ringtrain run: worker rank {rank} failed first ({where}); all workers on this node were stopped."]
         if traceback:
