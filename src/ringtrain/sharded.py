@@ -257,7 +257,8 @@ def staging_folder(path: str) -> str:
         remove_dead_temporaries(parent)  # what a writer killed mid-save here left (kill -9, the OOM killer)
         return temporary_folder(parent, os.path.basename(path))
     except OSError as e:
-        raise write_failed("the sharded checkpoint", path, e, "the checkpoint at that path, if any, is unchanged") from e
+        raise write_failed("the sharded checkpoint", path, e,
+                           "the checkpoint at that path, if any, is unchanged") from e
 
 
 def write_shards(folder: str, tensors: Mapping[str, torch.Tensor], group: Any = None) -> None:

@@ -64,22 +64,29 @@ def _wait_for(path: Path, procs: list, timeout: float = 120) -> int:
     return int(path.read_text())
 
 
-@pytest.mark.parametrize("restarts", [0, 1], ids=["no-restarts", "max-restarts-1"])
-def test_a_rank_killed_on_another_node_is_named_on_every_node(tmp_path, restarts):
+def _two_nodes(tmp_path: Path, *options: str, node0_output: bool = True) -> tuple[subprocess.Popen, ...]:
+    """Node 0 here and node 1 in a pid namespace of its own, running JOB: both processes, then the port."""
     why = _unshare_works()
     if why:
         pytest.skip(why)
     script = write(tmp_path / "job.py", JOB)
     port = str(free_port())
     common = ["run", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-              "--master-port", port, "--timeout", "60", "--max-restarts", str(restarts)]
+              "--master-port", port, "--timeout", "60", *options]
     # Both nodes share one secret, as the user sets it on every machine (README, "Security").
     env = child_env(RINGTRAIN_JOB_SECRET="test-secret-shared-by-both-nodes", RINGTRAIN_STALL_WARNING="off")
+    output = subprocess.PIPE if node0_output else subprocess.DEVNULL
     node0 = subprocess.Popen(ringtrain_cmd(*common, "--node-rank", "0", str(script), str(tmp_path)),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                             stdout=output, stderr=output, text=True, env=env)
     node1 = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc",
                               *ringtrain_cmd(*common, "--node-rank", "1", str(script), str(tmp_path))],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return node0, node1, port
+
+
+@pytest.mark.parametrize("restarts", [0, 1], ids=["no-restarts", "max-restarts-1"])
+def test_a_rank_killed_on_another_node_is_named_on_every_node(tmp_path, restarts):
+    node0, node1, _ = _two_nodes(tmp_path, "--max-restarts", str(restarts))
     procs = [node0, node1]
     try:
         # Under --max-restarts 1 rank 0 is killed in both attempts: the second time ends the job, and its
@@ -111,19 +118,7 @@ def test_a_node_lost_whole_is_named_by_its_store_in_a_second_and_one_warning(tmp
     # Node 0's `ringtrain run` is SIGKILLed (the machine crashed, or lost its network): its worker goes with it
     # (no agent is left to post anything), and so does the store it hosts. Rank 1, in its own pid namespace,
     # blamed itself after ~6 s and ~100 C++ store warnings (1,500 lines of C++ stack) before.
-    why = _unshare_works()
-    if why:
-        pytest.skip(why)
-    script = write(tmp_path / "job.py", JOB)
-    port = str(free_port())
-    common = ["run", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port,
-              "--timeout", "60"]
-    env = child_env(RINGTRAIN_JOB_SECRET="test-secret-shared-by-both-nodes", RINGTRAIN_STALL_WARNING="off")
-    node0 = subprocess.Popen(ringtrain_cmd(*common, "--node-rank", "0", str(script), str(tmp_path)),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    node1 = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc",
-                              *ringtrain_cmd(*common, "--node-rank", "1", str(script), str(tmp_path))],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    node0, node1, port = _two_nodes(tmp_path, node0_output=False)
     procs = [node0, node1]
     try:
         _wait_for(tmp_path / "pid.0.0", procs)
