@@ -75,27 +75,28 @@ class _Reach:
     """Whether the store still answers, shared by a board and its clones (one host, many connections)."""
 
     def __init__(self) -> None:
-        self.lost_at: float | None = None  # time.time() of the first closed connection
+        self.lost = False
 
 
 class _Guarded:
     """A store whose calls stop, with ``StoreLost``, once one of them found the store's host gone."""
 
     def __init__(self, store: Any, reach: _Reach):
-        self._store, self._reach = store, reach
-
-    def __getattr__(self, name: str) -> Any:
         import torch.distributed as dist
 
+        self._store, self._reach = store, reach
+        self._closed = dist.DistNetworkError  # a closed connection; a key's timeout is a DistStoreError
+
+    def __getattr__(self, name: str) -> Any:
         method = getattr(self._store, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            if self._reach.lost_at is not None:
+            if self._reach.lost:
                 raise StoreLost("the job's store stopped answering")
             try:
                 return method(*args, **kwargs)
-            except dist.DistNetworkError:  # a closed connection; a key's timeout is a DistStoreError
-                self._reach.lost_at = self._reach.lost_at or time.time()
+            except self._closed:
+                self._reach.lost = True
                 raise
         return call
 
@@ -118,7 +119,7 @@ class Board:
     @property
     def lost(self) -> bool:
         """Has the store's host gone (a connection to it closed)? Then nothing is read or posted any more."""
-        return self._reach.lost_at is not None
+        return self._reach.lost
 
     def clone(self) -> "Board":
         """The same board on a connection of its own (for another thread)."""
