@@ -144,24 +144,50 @@ def _one_process() -> Iterator[None]:
 
 # --- reading DCP's metadata safely --------------------------------------------------------------
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """Builds DCP's metadata classes, torch sizes and dtypes, and plain containers; nothing else."""
+def _layout(name: Any) -> Any:
+    """``torch.serialization._get_layout`` without its module: a layout by its name, from a fixed table."""
+    layouts = {str(v): v for v in vars(torch).values() if isinstance(v, torch.layout)}
+    if not isinstance(name, str) or name not in layouts:
+        raise pickle.UnpicklingError(f"{name!r} is not a torch layout")
+    return layouts[name]
 
-    _MODULES = ("torch.distributed.checkpoint.metadata",)
-    _NAMES = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-              ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-              ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("builtins", "set"),
-              ("builtins", "frozenset"), ("builtins", "slice")}
+
+def _metadata_names() -> dict[tuple[str, str], Any]:
+    """Every global a DCP ``.metadata`` may name, by exact (module, name): DCP's metadata classes, torch's
+    dtypes, ``torch.Size``, plain containers and paths. No module is allowed whole (a protocol-4 pickle
+    resolves dotted names, so ``metadata`` + ``os.system`` would reach ``os`` through its imports), and no
+    function runs: ``_get_layout`` is answered by ``_layout``'s table."""
+    import collections
+    import pathlib
+
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    names: dict[tuple[str, str], Any] = {
+        (metadata.__name__, cls.__name__): cls
+        for cls in (metadata.ChunkStorageMetadata, metadata.TensorProperties, metadata.TensorStorageMetadata,
+                    metadata.BytesStorageMetadata, metadata.StorageMeta, metadata.Metadata,
+                    metadata.MetadataIndex, metadata._MEM_FORMAT_ENCODING)}
+    names.update({(filesystem.__name__, "_StorageInfo"): filesystem._StorageInfo, ("torch", "Size"): torch.Size,
+                  ("torch.serialization", "_get_layout"): _layout,
+                  ("collections", "OrderedDict"): collections.OrderedDict,
+                  ("pathlib", "PosixPath"): pathlib.PosixPath, ("pathlib", "PurePosixPath"): pathlib.PurePosixPath,
+                  ("builtins", "set"): set, ("builtins", "frozenset"): frozenset, ("builtins", "slice"): slice})
+    names.update({("torch", n): v for n, v in vars(torch).items() if isinstance(v, (torch.dtype, torch.layout))})
+    return names
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds only the globals of ``_metadata_names``, looked up by exact name; everything else is refused."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file)
+        self._names = _metadata_names()
 
     def find_class(self, module: str, name: str) -> Any:
-        allowed = module in self._MODULES or (module, name) in self._NAMES
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            allowed = True
-        if module == "torch" and name in ("strided", "sparse_coo") or (module, name) == ("torch", "channels_last"):
-            allowed = True
-        if not allowed:
+        found = self._names.get((module, name))
+        if found is None:
             raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
-        return super().find_class(module, name)
+        return found
 
 
 def read_metadata(folder: str) -> Any:
