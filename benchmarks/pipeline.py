@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ringtrain as rt
-from ringtrain import environments
+from ringtrain.parallel import environments
 from ringtrain.strategies import Pipeline
 
 

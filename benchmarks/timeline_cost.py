@@ -29,8 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ringtrain as rt  # noqa: E402
 from overhead import WORKLOADS, dataset, ring_samples_per_s  # noqa: E402
-from ringtrain import timeline  # noqa: E402
-from ringtrain.activity import ACTIVITY  # noqa: E402
+from ringtrain.tracking import timeline  # noqa: E402
+from ringtrain.liveness.activity import ACTIVITY  # noqa: E402
 
 
 ORDER = ("off", "on", "hook")

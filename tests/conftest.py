@@ -1,7 +1,7 @@
 """Shared test plumbing: multi-process jobs run through ringtrain's own launcher.
 
-Job functions live in ``_ring_jobs.py`` so spawned children can import them
-(multiprocessing passes sys.path, which holds this folder, to its children).
+Job functions live in ``helpers/`` (``_ring_jobs.py`` ...) so spawned children can import them
+(multiprocessing passes sys.path, which holds that folder, to its children).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
 
 import ringtrain  # noqa: E402
 

@@ -10,8 +10,7 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "launcher"))
-from _launch_util import free_port  # noqa: E402
+from _launch_util import HELPERS, free_port
 import torch
 
 import _ring_jobs as jobs
@@ -153,7 +152,7 @@ def test_explicit_init_method_trains_like_one_process(tmp_path):
     out = tmp_path / "params.pt"
     code = f"""
         import sys, torch
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        sys.path.insert(0, {HELPERS!r})
         import _ring_jobs as jobs
         rank = int(sys.argv[1])
         p = jobs.train(8, init_method={url!r}, world_size=2, rank=rank)

@@ -13,7 +13,7 @@
 
 The public names are loaded on first use (PEP 562): ``import ringtrain`` itself imports
 neither torch nor anything else, so the ``ringtrain`` command's ``--help`` is instant and
-the launcher's worker entry can use ringtrain's torch-free modules (``ringtrain.failures``)
+the launcher's worker entry can use ringtrain's torch-free modules (``ringtrain.liveness.failures``)
 without importing torch before the user's script does (a script may set
 ``CUDA_VISIBLE_DEVICES`` before its own ``import torch``).
 """
@@ -28,15 +28,15 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _EXPORTS = {
     "Ring": "ringtrain.ring",
-    "seed_everything": "ringtrain.seeding",
+    "seed_everything": "ringtrain.loop.seeding",
     "RingtrainError": "ringtrain.errors",
     "launch": "ringtrain.launcher.spawn",
     "spawn": "ringtrain.launcher.spawn",
-    "scale_lr": "ringtrain.optim",
-    "split": "ringtrain.stages",
-    "SyncBatchNorm": "ringtrain.syncbn",
-    "convert_sync_batchnorm": "ringtrain.syncbn",
-    "revert_sync_batchnorm": "ringtrain.syncbn",
+    "scale_lr": "ringtrain.loop.optim",
+    "split": "ringtrain.parallel.stages",
+    "SyncBatchNorm": "ringtrain.parallel.syncbn",
+    "convert_sync_batchnorm": "ringtrain.parallel.syncbn",
+    "revert_sync_batchnorm": "ringtrain.parallel.syncbn",
 }
 _SUBPACKAGES = ("strategies", "horovod", "comm", "bench", "launcher", "doctor")
 

@@ -14,19 +14,23 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-from . import environments, precision as precisions, strategies, timeline as timelines, tracking
-from .activity import ACTIVITY
-from .data import RingLoader, make_loader
+from . import strategies, tracking
+from .checkpoint.resume import Resumer, move_optimizer_state
 from .errors import RingtrainError
-from .optim import NoSyncWindow, NonFiniteGuard, RingScheduler, ScalerSteps, replace_parameters, wrap_optimizer
-from .progress import Progress
-from .resume import Resumer, move_optimizer_state
-from .seeding import configure_kernels, seed_everything
-from .stall import per_rank_stats
-from .step import Step
+from .liveness.activity import ACTIVITY
+from .liveness.stall import per_rank_stats
+from .liveness.watchdog import collective_checks_of, stall_warning_of
+from .loop import precision as precisions
+from .loop.data import RingLoader, make_loader
+from .loop.optim import NonFiniteGuard, NoSyncWindow, RingScheduler, ScalerSteps, replace_parameters, wrap_optimizer
+from .loop.progress import Progress
+from .loop.seeding import configure_kernels, seed_everything
+from .loop.step import Step
+from .parallel import environments
+from .parallel.group import as_timeout
+from .parallel.syncbn import convert_sync_batchnorm
 from .strategies import BackwardSyncControl, PipelineSchedule, Strategy
-from .strategies._group import as_timeout
-from .watchdog import collective_checks_of, stall_warning_of
+from .tracking import timeline as timelines
 
 DEFAULT_TIMEOUT_S = 1800.0
 
@@ -149,8 +153,6 @@ class Ring:
         scaler; the scheduler steps after a real step. ``options`` go to the strategy that understands them."""
         strategies.check_setup(self.strategy, model, optimizer, scheduler, options)
         if self.sync_batchnorm:
-            from .syncbn import convert_sync_batchnorm
-
             model = convert_sync_batchnorm(model)
         self.strategy.check_same_model(model)
         mine = {k: v for k, v in options.items() if k in self.strategy.MODULE_OPTIONS}

@@ -156,7 +156,7 @@ def test_sync_bn_trains_with_synchronised_batchnorm_in_every_mode(syncbn):
     assert set(runs) == {"single", "ddp", "raw-ddp"}
     # Converted in every mode: ringtrain's layer (on CPU/Gloo, where torch's SyncBatchNorm refuses CPU tensors)
     for mode in ("single", "ddp", "raw-ddp"):
-        assert runs[mode]["norm_layers"] == ["ringtrain.syncbn.SyncBatchNorm"], (mode, runs[mode]["norm_layers"])
+        assert runs[mode]["norm_layers"] == ["ringtrain.parallel.syncbn.SyncBatchNorm"], (mode, runs[mode]["norm_layers"])
     # Statistics over the global batch: 2 ranks x 16 train the model 1 process x 32 trains. Measured in this
     # configuration, relative to single: on one CPU (Intel) equal to the last digit with --sync-bn and 5.6e-4
     # apart with per-rank BatchNorm; on another (AMD EPYC, 2026-11) 2.2e-4 with --sync-bn (float rounding of

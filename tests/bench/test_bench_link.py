@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ringtrain import netlink
+from ringtrain.bench import netlink
 from ringtrain.bench.cli import main
 
 NEEDS_LINK = pytest.mark.skipif(netlink.link_available() is not None, reason=str(netlink.link_available()))

@@ -11,7 +11,7 @@ import ringtrain
 from ringtrain.bench import cli, modes, report, runner, stats, workloads
 from ringtrain.bench.models import UNet3D
 from ringtrain.errors import RingtrainError
-from ringtrain.stages import cuttable_names
+from ringtrain.parallel.stages import cuttable_names
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_gpu_preset_without_cuda_is_a_clear_error(capsys):
 
 
 def test_bench_is_a_ringtrain_command(capsys):
-    from ringtrain.launcher import cli as top
+    from ringtrain import cli as top
 
     assert top.COMMANDS["bench"].module == "ringtrain.bench.cli"
     assert top.main(["--help"]) == 0
@@ -175,7 +175,7 @@ def test_a_rank_synchronizes_only_the_gpus_its_mode_runs_on(monkeypatch):
     # waits for cuda:1 only; dp's one process waits for the GPUs its replicas run on.
     from types import SimpleNamespace
 
-    from ringtrain import environments
+    from ringtrain.parallel import environments
     from ringtrain.bench.runner import cuda_devices_of
     from ringtrain.strategies import DataParallel
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher._launch_util import RINGTRAIN_SRC, child_env, free_port, outputs, results, ringtrain_cmd
+from _launch_util import RINGTRAIN_SRC, child_env, free_port, outputs, results, ringtrain_cmd
 
 HERE = Path(__file__).resolve().parent
 ALIAS = os.path.join(RINGTRAIN_SRC, "ringtrain", "horovod", "_alias")

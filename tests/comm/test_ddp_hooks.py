@@ -5,8 +5,6 @@ rule, and the refusals."""
 
 from __future__ import annotations
 
-import os
-import sys
 
 import _compression_jobs as jobs
 import pytest
@@ -15,7 +13,6 @@ import torch
 import ringtrain as rt
 from ringtrain.comm import ddp_hooks
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "launcher"))
 import _fault_jobs  # noqa: E402
 from _launch_util import outputs  # noqa: E402
 

@@ -12,7 +12,7 @@ import pytest
 
 from ringtrain.doctor import RULES
 from ringtrain.doctor import cli as doctor
-from ringtrain.launcher import cli
+from ringtrain import cli
 
 CASES = Path(__file__).parent / "cases"
 TRAP = CASES / "save-every-rank" / "trap_plain.py"  # one finding, at line 15

@@ -343,7 +343,7 @@ def _elastic():
 
 def _strategy():
     """strategy="hvd": module unwrapped, rank 0's weights, the optimizer reduces with accumulation."""
-    from ringtrain import environments
+    from ringtrain.parallel import environments
     from ringtrain.strategies import Horovod
 
     r, n = hvd.rank(), hvd.size()

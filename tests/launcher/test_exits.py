@@ -11,13 +11,10 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _launch_util import child_env, free_port, ringtrain_cmd, write  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
@@ -147,9 +144,9 @@ def test_the_agent_posts_only_the_exits_nobody_posted(tmp_path):
     import torch.distributed as dist
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-    from ringtrain.board import Board
     from ringtrain.launcher import exits
-    from ringtrain.seal import Seal
+    from ringtrain.liveness.board import Board
+    from ringtrain.liveness.seal import Seal
 
     spoke = tmp_path / "error-2.json"  # rank 2 raised: ringtrain's worker wrote its post in its error file
     spoke.write_text(json.dumps({"message": {"message": "ValueError: x", "extraInfo": {

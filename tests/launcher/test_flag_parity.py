@@ -14,7 +14,7 @@ import pytest
 import torch.distributed.run as torchrun
 
 from ringtrain.errors import RingtrainError
-from ringtrain.launcher import flags, horovod_flags, run, torchrun_flags, waiting
+from ringtrain.launcher import agent, flags, horovod_flags, plan as plans, run, torchrun_flags, waiting
 
 PORT = 29999
 
@@ -48,7 +48,7 @@ SAMPLES = {
 
 
 def _plan(argv: list):
-    return run.plan_from_args(run.build_parser().parse_args(argv))
+    return plans.plan_from_args(run.build_parser().parse_args(argv))
 
 
 def _script(tmp_path) -> str:
@@ -63,7 +63,7 @@ def _ours_and_torchs(option: str, action, tmp_path) -> tuple:
     # --no-python: a program; -m: a module
     target = [{"no_python": sys.executable, "module": "timeit"}.get(action.dest, script)]
     plan = _plan([option, *value, *target])
-    ours = run.torchrun_args(plan, PORT)
+    ours = agent.torchrun_args(plan, PORT)
     theirs = torch_parser(launch=True).parse_args([option, *value, *target])
     return plan, ours, theirs
 
@@ -131,7 +131,7 @@ def test_torchruns_pet_variables_stand_for_their_flags(action, tmp_path, monkeyp
     monkeypatch.setenv(f"PET_{action.dest.upper()}", value)
     target = [{"no_python": sys.executable, "module": "timeit"}.get(action.dest, _script(tmp_path))]
     plan = _plan(target)
-    ours, theirs = run.torchrun_args(plan, PORT), torch_parser().parse_args(target)
+    ours, theirs = agent.torchrun_args(plan, PORT), torch_parser().parse_args(target)
     if action.dest in torchrun_flags.PASS_THROUGH_DESTS:
         assert getattr(ours, action.dest) == getattr(theirs, action.dest)
     else:

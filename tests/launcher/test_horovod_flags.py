@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ringtrain.errors import RingtrainError
-from ringtrain.launcher import discovery, horovod_flags, hosts, run
+from ringtrain.launcher import discovery, horovod_flags, hosts, plan as plans, run
 
 HERE = {"localhost", "127.0.0.1"}
 
@@ -23,12 +23,12 @@ def _script(tmp_path):
 
 def test_mapped_flags(tmp_path):
     script = _script(tmp_path)
-    p = run.plan_from_args(_ns("--gloo", "--disable-cache", "-np", "2", "--start-timeout", "45", "--reset-limit", "2",
+    p = plans.plan_from_args(_ns("--gloo", "--disable-cache", "-np", "2", "--start-timeout", "45", "--reset-limit", "2",
                                "--timeline-filename", str(tmp_path / "tl" / "trace.json"), "python", script))
     assert (p.nproc, p.timeout, p.max_restarts) == ("2", 45, 2)
     assert p.timeline == str(tmp_path / "tl" / "trace.json")  # Horovod's form: the merged file's path
     with pytest.raises(RingtrainError, match="--start-timeout 45 and --timeout 50 disagree"):
-        run.plan_from_args(_ns("--start-timeout", "45", "--timeout", "50", script))
+        plans.plan_from_args(_ns("--start-timeout", "45", "--timeout", "50", script))
 
 
 def test_variables_as_horovodrun_sets_them(tmp_path):
@@ -42,7 +42,7 @@ def test_variables_as_horovodrun_sets_them(tmp_path):
                    "RINGTRAIN_STALL_WARNING": "20"}
     assert sorted(inert) == ["--autotune", "--no-hierarchical-allreduce"]  # ringtrain's Horovod reads the other two
     assert horovod_flags.environment(_ns("--no-stall-check", "x.py"))[0] == {"RINGTRAIN_STALL_WARNING": "0"}
-    assert run.plan_from_args(_ns("--network-interfaces", "lo", _script(tmp_path))).environment == \
+    assert plans.plan_from_args(_ns("--network-interfaces", "lo", _script(tmp_path))).environment == \
         {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 
 
@@ -71,7 +71,7 @@ def test_elastic_command_line_becomes_nodes(tmp_path):
     ns = discovery.apply(_ns("--horovod", "-np", "2", "--min-np", "1", "--max-np", "4", "--host-discovery-script",
                              script, "python", _script(tmp_path)))
     assert (ns.hosts, ns.np, ns.elastic_nnodes) == ("localhost:1,127.0.0.1:2", 3, "1:2")
-    nodes = hosts.nodes_from_args(ns, run.plan_from_args, environ={}, names=HERE, nnodes=ns.elastic_nnodes)
+    nodes = hosts.nodes_from_args(ns, environ={}, names=HERE, nnodes=ns.elastic_nnodes)
     assert [n.argv[n.argv.index("--nnodes") + 1] for n in nodes] == ["1:2", "1:2"]
     capped = discovery.apply(_ns("-np", "2", "--max-np", "2", "--host-discovery-script", script, "x.py"))
     assert (capped.hosts, capped.np, capped.elastic_nnodes) == ("localhost:1,127.0.0.1:1", 2, "2:2")

@@ -8,7 +8,8 @@ import time
 import pytest
 from _launch_util import ALLREDUCE, outputs, run_ringtrain, write
 
-from ringtrain.launcher import cli, run
+from ringtrain import cli
+from ringtrain.launcher import run
 
 
 def test_top_level_help_lists_the_commands(capsys):

@@ -12,13 +12,9 @@ runs all of it (and docs/benchmarks.md has the measured times, from benchmarks/f
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
-import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _failfast_runner as runner  # noqa: E402
+import pytest
 
 BOUND_S = 60.0
 MODES = ("raise", "exit3", "memory", "before-setup", "nan", "return", "close", "kill")

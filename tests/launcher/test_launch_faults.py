@@ -17,6 +17,7 @@ import _fault_jobs as jobs
 import pytest
 from _launch_util import (
     ALLREDUCE,
+    HELPERS,
     child_env,
     free_port,
     outputs,
@@ -26,7 +27,7 @@ from _launch_util import (
     write,
 )
 
-from ringtrain.launcher import run
+from ringtrain.launcher import agent, plan as plans, run
 
 
 def _wait_for(predicate, timeout: float, what: str) -> None:
@@ -130,7 +131,7 @@ def _alive(pid: int) -> bool:
 def test_killing_a_process_that_called_launch_takes_its_ranks_along(tmp_path):
     # A notebook kernel or test runner killed while ringtrain.launch(...) runs, its ranks
     # blocked in a collective (where the SIGINT torch's spawn arranges is never acted on).
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tests = HELPERS
     code = (f"import sys; sys.path.insert(0, {tests!r}); import _fault_jobs, ringtrain; "
             f"ringtrain.launch(_fault_jobs.blocked_in_recv, 2, args=({str(tmp_path)!r},), timeout=120)")
     driver = subprocess.Popen([sys.executable, "-c", code], env=child_env(),
@@ -314,25 +315,25 @@ def test_error_file_is_whole_or_absent_when_the_worker_is_stopped_while_writing_
 
 def _plan(tmp_path, *argv):
     script = write(tmp_path / "train.py", ALLREDUCE)
-    return run.plan_from_args(run.build_parser().parse_args([*argv, str(script), "--log", "x", "--master", "y", "--nnodes=9"]))
+    return plans.plan_from_args(run.build_parser().parse_args([*argv, str(script), "--log", "x", "--master", "y", "--nnodes=9"]))
 
 
 def test_script_arguments_never_go_through_torchruns_parser(tmp_path):
     # torchrun's argparse would take "--log" for an ambiguous abbreviation of its --log-dir /
     # --logs-specs and stop the job; "--nnodes=9" must not reach it either.
     plan = _plan(tmp_path, "--nproc-per-node", "2")
-    args = run.torchrun_args(plan, 1234)
-    assert args.training_script == run.WORKER
+    args = agent.torchrun_args(plan, 1234)
+    assert args.training_script == agent.WORKER
     assert args.training_script_args[:2] == ["path", "none"] and args.training_script_args[2].isdigit()
     assert args.training_script_args[3:] == [plan.target, "--log", "x", "--master", "y", "--nnodes=9"]
     assert (args.nnodes, args.nproc_per_node, args.max_restarts) == ("1", "2", 0)
 
 
 def test_fixed_node_counts_use_the_fresh_store_rendezvous(tmp_path):
-    static = run.torchrun_args(_plan(tmp_path, "--nnodes", "2", "--node-rank", "1", "--master-addr", "::1"), 29400)
+    static = agent.torchrun_args(_plan(tmp_path, "--nnodes", "2", "--node-rank", "1", "--master-addr", "::1"), 29400)
     assert (static.rdzv_backend, static.rdzv_endpoint) == ("ringtrain", "[::1]:29400")
     assert "rank=1" in static.rdzv_conf and "timeout=300" in static.rdzv_conf
-    elastic = run.torchrun_args(_plan(tmp_path, "--nnodes", "1:2"), 29400)
+    elastic = agent.torchrun_args(_plan(tmp_path, "--nnodes", "1:2"), 29400)
     assert (elastic.rdzv_backend, elastic.rdzv_endpoint) == ("ringtrain-c10d", "127.0.0.1:29400")
 
 

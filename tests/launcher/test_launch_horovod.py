@@ -20,7 +20,7 @@ import pytest
 from _launch_util import outputs, results, ringtrain_cmd, write
 
 from ringtrain.errors import RingtrainError
-from ringtrain.launcher import host_list, hosts, run, worker
+from ringtrain.launcher import agent, host_list, hosts, plan as plans, run, worker
 from ringtrain.launcher.host_list import Host
 
 pytestmark = pytest.mark.timeout(240)
@@ -184,7 +184,7 @@ def test_the_command_line_flag_reaches_the_ssh_command(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for flag, expected in (([], True), (["--ssh-strict-host-keys"], False), (["--ssh_strict_host_keys"], False)):
         ns = run.build_parser().parse_args(["-H", "thisbox:1,node2:1", *flag, str(script)])
-        nodes = hosts.nodes_from_args(ns, run.plan_from_args, environ={}, names={"thisbox"})
+        nodes = hosts.nodes_from_args(ns, environ={}, names={"thisbox"})
         assert ("StrictHostKeyChecking=accept-new" in nodes[1].argv) is expected, flag
         assert nodes[0].argv[0] == sys.executable and "StrictHostKeyChecking=accept-new" not in nodes[0].argv
 
@@ -230,7 +230,7 @@ def test_command_line_to_nodes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ns = _ns("--horovod", "-np", "3", "-H", "thisbox:2,node2:2", "--timeout", "60", "--master-port", "1234",
              str(script), "--epochs", "1")
-    nodes = hosts.nodes_from_args(ns, run.plan_from_args, environ={}, names=HERE)
+    nodes = hosts.nodes_from_args(ns, environ={}, names=HERE)
     assert [(n.host, n.nproc, n.local) for n in nodes] == [("thisbox", 2, True), ("node2", 1, False)]
     assert nodes[0].argv[:2] == [sys.executable, "-m"]
     assert nodes[0].argv[-7:] == ["--max-restarts", "0", "--timeout", "60", str(script), "--epochs", "1"]
@@ -239,14 +239,14 @@ def test_command_line_to_nodes(tmp_path, monkeypatch):
     hostfile = write(tmp_path / "hosts", "node1 slots=2\nnode2 slots=2\n")
     write(tmp_path / "pkg" / "__init__.py", "")
     write(tmp_path / "pkg" / "train.py", "print('hi')\n")
-    nodes = hosts.nodes_from_args(_ns("--hostfile", str(hostfile), "-m", "pkg.train"), run.plan_from_args,
+    nodes = hosts.nodes_from_args(_ns("--hostfile", str(hostfile), "-m", "pkg.train"),
                                   environ={}, names=HERE)
     assert [(n.nproc, n.local) for n in nodes] == [(2, False), (2, False)]  # every slot
     assert "--master-port 29500" in nodes[0].argv[-1]  # across machines: torchrun's port
     assert nodes[1].argv[-1].endswith("-m pkg.train")
     key = write(tmp_path / "key", "not a real key\n")
     ns = _ns("-H", "127.0.0.1:1,127.0.0.2:1", "--ssh-port", "2200", "--ssh_identity_file", "key", str(script))
-    nodes = hosts.nodes_from_args(ns, run.plan_from_args, environ={}, names=HERE)
+    nodes = hosts.nodes_from_args(ns, environ={}, names=HERE)
     assert nodes[1].argv[6:10] == ["-p", "2200", "-i", str(key)]  # the key as an absolute path
     port = int(_words(nodes[1])[_words(nodes[1]).index("--master-port") + 1])
     assert port != 29500  # every host is this machine: a free port, not torchrun's fixed one
@@ -258,12 +258,12 @@ def _words(node) -> list:
 
 def test_np_alone_is_one_node_and_horovod_reaches_the_worker(tmp_path):
     script = write(tmp_path / "train.py", "print('hi')\n")
-    plan = run.plan_from_args(_ns("--horovod", "-np", "3", str(script)))
+    plan = plans.plan_from_args(_ns("--horovod", "-np", "3", str(script)))
     assert (plan.nproc, plan.nnodes, plan.horovod) == ("3", "1", True)
-    assert run.plan_from_args(_ns("-np", "2", "--nproc-per-node", "2", str(script))).nproc == "2"
-    args = run.torchrun_args(plan, 1234)
+    assert plans.plan_from_args(_ns("-np", "2", "--nproc-per-node", "2", str(script))).nproc == "2"
+    args = agent.torchrun_args(plan, 1234)
     assert args.training_script_args[:3] == ["--horovod", "path", "none"]  # an argument, not an env channel
-    assert run.torchrun_args(run.plan_from_args(_ns("-np", "3", str(script))), 1).training_script_args[0] == "path"
+    assert agent.torchrun_args(plans.plan_from_args(_ns("-np", "3", str(script))), 1).training_script_args[0] == "path"
 
 
 def test_worker_maps_torchruns_variables_to_horovods():
@@ -365,12 +365,12 @@ def test_horovodruns_command_form_with_the_interpreter(tmp_path, monkeypatch):
     # Seed 001 writes `horovodrun -np 2 -H ip1:1,ip2:1 python train.py`: the same words work here.
     script = write(tmp_path / "probe.py", PROBE)
     for interpreter in (["python"], ["python3", "-u"], [sys.executable]):
-        plan = run.plan_from_args(_ns("--horovod", "-np", "2", *interpreter, str(script), "--flag"))
+        plan = plans.plan_from_args(_ns("--horovod", "-np", "2", *interpreter, str(script), "--flag"))
         assert (plan.target, plan.target_args, plan.module) == (str(script), ["--flag"], False)
     write(tmp_path / "pkg" / "__init__.py", "")
     write(tmp_path / "pkg" / "train.py", "print('hi')\n")
     monkeypatch.chdir(tmp_path)
-    plan = run.plan_from_args(_ns("--horovod", "-np", "2", "python", "-m", "pkg.train", "x"))
+    plan = plans.plan_from_args(_ns("--horovod", "-np", "2", "python", "-m", "pkg.train", "x"))
     assert (plan.target, plan.target_args, plan.module) == ("pkg.train", ["x"], True)
     proc = _run("--horovod", "-np", "2", "python", str(script))
     assert proc.returncode == 0, outputs(proc)

@@ -15,7 +15,7 @@ import pytest
 from _launch_util import ALLREDUCE, child_env, free_port, outputs, ringtrain_cmd, run_ringtrain, write
 
 from ringtrain.errors import RingtrainError
-from ringtrain.launcher import env_info, preflight, run
+from ringtrain.launcher import env_info, plan as plans, preflight, run
 from ringtrain.launcher.ports import is_this_machine
 
 pytestmark = pytest.mark.timeout(120)
@@ -79,7 +79,7 @@ def test_more_than_four_workers_per_core_get_a_warning(tmp_path):
 
 def _plan(tmp_path, *args: str) -> run.Plan:
     script = write(tmp_path / "train.py", ALLREDUCE)
-    return run.plan_from_args(run.build_parser().parse_args([*args, str(script)]))
+    return plans.plan_from_args(run.build_parser().parse_args([*args, str(script)]))
 
 
 def test_the_warning_counts_usable_cores_and_visible_gpus(tmp_path, monkeypatch):

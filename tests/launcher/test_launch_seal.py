@@ -7,14 +7,10 @@ from __future__ import annotations
 
 import datetime
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _launch_util import child_env, free_port, ringtrain_cmd, write  # noqa: E402
 
 pytestmark = pytest.mark.timeout(150)
@@ -39,7 +35,7 @@ def _forge(port: int) -> str:
     """Post a fake failure of rank 1 on the job's board: the key it wrote."""
     import torch.distributed as dist
 
-    from ringtrain.records import Post
+    from ringtrain.liveness.records import Post
 
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10),
                           wait_for_workers=False)

@@ -8,13 +8,13 @@ import sys
 import pytest
 
 from ringtrain.errors import RingtrainError
-from ringtrain.launcher import run, waiting
+from ringtrain.launcher import agent, plan as plans, run, waiting
 
 
 def plan(tmp_path, *argv):
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
-    return run.plan_from_args(run.build_parser().parse_args([*argv, str(script)]))
+    return plans.plan_from_args(run.build_parser().parse_args([*argv, str(script)]))
 
 
 def test_standalone_is_one_node_on_a_free_port(tmp_path):
@@ -28,14 +28,14 @@ def test_a_range_of_nodes_is_elastic_equal_ends_included(tmp_path):
     assert not plan(tmp_path, "--nnodes", "2").elastic
     for spec in ("2:2", "1:4"):
         p = plan(tmp_path, "--nnodes", spec, "--master-port", "29555")
-        args = run.torchrun_args(p, 29555)
+        args = agent.torchrun_args(p, 29555)
         assert p.elastic and args.rdzv_backend == waiting.ELASTIC and args.rdzv_endpoint == "127.0.0.1:29555"
 
 
 def test_rdzv_flags_reach_torchrun(tmp_path):
     p = plan(tmp_path, "--nnodes=2", "--rdzv_id=456", "--rdzv_backend=c10d", "--rdzv_endpoint=10.0.0.1:29603",
              "--rdzv-conf", "join_timeout=900,read_timeout=5", "--timeout", "40")
-    args = run.torchrun_args(p, p.master_port)
+    args = agent.torchrun_args(p, p.master_port)
     # torch's c10d, wrapped so that it says what it waits for
     assert (args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id) == (waiting.ELASTIC, "10.0.0.1:29603", "456")
     # the user's keys win over ringtrain's (join_timeout from --timeout), the others stay
@@ -46,7 +46,7 @@ def test_rdzv_flags_reach_torchrun(tmp_path):
 
 def test_a_static_endpoint_is_the_master_address(tmp_path):
     p = plan(tmp_path, "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "10.0.0.7:29611")
-    args = run.torchrun_args(p, p.master_port)
+    args = agent.torchrun_args(p, p.master_port)
     assert (p.elastic, p.master_addr, p.master_port) == (False, "10.0.0.7", 29611)
     assert args.rdzv_backend == "ringtrain" and "rank=1" in args.rdzv_conf.split(",")
     with pytest.raises(RingtrainError, match="disagree"):
@@ -69,20 +69,20 @@ def test_bad_values_are_refused_with_a_hint(tmp_path, argv, words):
 def test_pass_through_flags_reach_torchruns_agent(tmp_path):
     p = plan(tmp_path, "-r", "3", "--tee=0:1", "--role", "trainer", "--monitor-interval", "0.5",
              "--local-ranks-filter", "0", "--virtual-local-rank", "--shutdown-timeout", "9")
-    args = run.torchrun_args(p, 1)
+    args = agent.torchrun_args(p, 1)
     assert (args.redirects, args.tee, args.role, args.monitor_interval) == ("3", "0:1", "trainer", 0.5)
     assert (args.local_ranks_filter, args.virtual_local_rank, args.shutdown_timeout) == ("0", True, 9)
 
 
 def test_no_python_executes_a_program(tmp_path):
-    p = run.plan_from_args(run.build_parser().parse_args(["--no-python", sys.executable, "-c", "print(1)"]))
-    args = run.torchrun_args(p, 1)
+    p = plans.plan_from_args(run.build_parser().parse_args(["--no-python", sys.executable, "-c", "print(1)"]))
+    args = agent.torchrun_args(p, 1)
     assert p.no_python and args.training_script_args[:2] == ["exec", "none"]
     assert args.training_script_args[3:] == [sys.executable, "-c", "print(1)"]
     with pytest.raises(RingtrainError, match="neither an executable"):
-        run.plan_from_args(run.build_parser().parse_args(["--no-python", str(tmp_path / "nothing.sh")]))
+        plans.plan_from_args(run.build_parser().parse_args(["--no-python", str(tmp_path / "nothing.sh")]))
     with pytest.raises(RingtrainError, match="--no-python with -m"):
-        run.plan_from_args(run.build_parser().parse_args(["--no-python", "-m", "timeit"]))
+        plans.plan_from_args(run.build_parser().parse_args(["--no-python", "-m", "timeit"]))
 
 
 @pytest.mark.timeout(200)

@@ -75,9 +75,9 @@ def _bn_model() -> nn.Module:
 
 def test_dp_over_several_gpus_refuses_sync_batchnorm(monkeypatch):
     # Two GPUs, simulated: the CUDA queries the strategy asks are replaced (no GPU here).
-    from ringtrain import environments
+    from ringtrain.parallel import environments
     from ringtrain.strategies import DataParallel
-    from ringtrain.syncbn import convert_sync_batchnorm
+    from ringtrain.parallel.syncbn import convert_sync_batchnorm
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import ringtrain as rt
-from ringtrain import sharded
+from ringtrain.checkpoint import sharded
 from ringtrain.strategies import FSDP, _units
 
 pytestmark = pytest.mark.timeout(300)

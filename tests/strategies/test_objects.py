@@ -12,7 +12,7 @@ import pytest
 import _ring_jobs as jobs
 import ringtrain as rt
 from ringtrain import strategies
-from ringtrain.environments import Environment
+from ringtrain.parallel.environments import Environment
 
 pytestmark = pytest.mark.timeout(240)
 SRC = Path(rt.__file__).resolve().parent

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import ringtrain as rt
-from ringtrain.environments import Environment
+from ringtrain.parallel.environments import Environment
 from ringtrain.strategies import Pipeline
 
 pytestmark = pytest.mark.timeout(240)
@@ -73,7 +73,7 @@ def test_two_stages_equal_single_process(two_ranks, name):
 
 @pytest.mark.parametrize("name", ["bn_1f1b", "bn_interleaved"])
 def test_batchnorm_statistics_equal_one_process_with_microbatches(two_ranks, name):
-    # BatchNorm normalises each micro-batch: the reference is the same model through ringtrain.stages
+    # BatchNorm normalises each micro-batch: the reference is the same model through ringtrain.parallel.stages
     # with 4 micro-batches in one process. Running statistics and counters must match too.
     ref = jobs.reference(3, PER_REPLICA, model="bn", microbatches=4)
     got = two_ranks[0][name]["state"]

@@ -11,7 +11,6 @@ import textwrap
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "launcher"))
 from _launch_util import child_env  # noqa: E402
 
 SCRIPT = textwrap.dedent("""

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "launcher"))
 from _launch_util import child_env  # noqa: E402
 
 from ringtrain.tracking import plot as plotting  # noqa: E402

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ringtrain.progress import Progress
+from ringtrain.loop.progress import Progress
 
 
 def run_bar(logged: dict[str, float]) -> None:

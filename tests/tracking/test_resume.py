@@ -12,7 +12,6 @@ import textwrap
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "launcher"))
 from _launch_util import child_env  # noqa: E402
 
 STEPS, KILL_AT, SAVE_EVERY = 16, 10, 4

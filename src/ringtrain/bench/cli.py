@@ -47,7 +47,7 @@ private network namespace (127.0.0.1 only) whose loopback is shaped with tc: RAT
 direction of each connection (a full-duplex link, as a NIC is), DELAY added one way (netem).
 The namespace is deleted when the bench ends, however it ends. Needs root and iproute2 (ip,
 tc); CPU ranks only (NCCL between GPUs of one machine never touches the loopback).
-ringtrain/netlink.py says how the shaping works.
+ringtrain/bench/netlink.py says how the shaping works.
 
 Output: the full table on stdout, then the same results in seed 004's shape (model, dataset,
 training method, time in s/epoch, accuracy or Dice); results.csv, results.json and
@@ -83,7 +83,7 @@ GPU = {"precision": "32,bf16-mixed,16-mixed", "nprocs": "1", "repeats": 3, "warm
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse's errors end with a HINT too (DESIGN.md, principle 4)
+    def error(self, message: str):  # argparse's errors end with a HINT too (docs/architecture.md, principle 4)
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\nHINT: see `{self.prog} --help`.\n")
 
@@ -166,7 +166,7 @@ def _main(args: argparse.Namespace) -> int:
               "threads_per_rank")
     defaults = GPU if args.preset == "gpu" else QUICK if args.quick else FULL
     if args.link is not None:
-        from ..netlink import parse_link
+        from .netlink import parse_link  # --link only
 
         parse_link(args.link)  # a bad value is an error before anything starts
         if args.preset == "gpu" or args.device == "cuda":
@@ -209,6 +209,7 @@ def _main(args: argparse.Namespace) -> int:
                              "is nothing to synchronise",
                              f"use a workload with BatchNorm ({', '.join(WITH_BATCHNORM)}; cifar-resnet18 is seed "
                              "004's ResNet-18), or drop --sync-bn.")
+    # the measuring modules import torch and matplotlib: --help and argument errors answer before them
     from . import plot, report, runner, stats
 
     cfg = runner.Config(
@@ -218,7 +219,7 @@ def _main(args: argparse.Namespace) -> int:
         samples=args.samples, data=args.data, device=args.device, threads=args.threads_per_rank,
         timeout=args.timeout, progress=not args.no_progress, sync_bn=args.sync_bn,
     )
-    from ..netlink import inside
+    from .netlink import inside  # --link shapes a private network namespace (Linux, root) only when given
 
     with tempfile.TemporaryDirectory(prefix="ringtrain-bench-") as scratch, inside(args.link):
         result = runner.run(cfg, scratch)
@@ -234,7 +235,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _gpu(args: argparse.Namespace, precisions: list[str], nprocs: list[int], repeats: int, warmup: int) -> int:
-    from . import gpu, report
+    from . import gpu, report  # torch and CUDA: only for --preset gpu
 
     gpu.require_cuda()  # before anything else: the clear error on a machine without CUDA
     opts = {"precisions": precisions, "nprocs": nprocs, "repeats": repeats, "warmup": warmup,
@@ -249,7 +250,7 @@ def _gpu(args: argparse.Namespace, precisions: list[str], nprocs: list[int], rep
 
 
 def _comm(args: argparse.Namespace, defaults: dict) -> int:
-    from . import comm, report
+    from . import comm, report  # torch: only for --comm
 
     if args.preset is not None:
         raise RingtrainError("--comm with --preset gpu", "--comm measures Gloo all-reduce on CPU ranks; drop --preset.")

@@ -18,6 +18,10 @@ from __future__ import annotations
 import math
 import time
 
+import ringtrain as rt
+
+from .netlink import inside, parse_link
+
 KIB = 1024
 SIZES = [64 * KIB * 4**i for i in range(6)]  # 64 KiB, 256 KiB, 1 MiB, 4 MiB, 16 MiB, 64 MiB
 QUICK_SIZES = SIZES[:5]
@@ -72,9 +76,6 @@ def run(nprocs: list[int], sizes: list[int], warmup: int, seconds: float, thread
     import os
 
     import torch
-
-    import ringtrain as rt
-    from ..netlink import inside, parse_link
 
     spec = parse_link(link) if link else None
     rows: list[dict] = []

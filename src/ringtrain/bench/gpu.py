@@ -29,8 +29,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import ringtrain as rt
+
 from ..errors import RingtrainError
-from ..precision import bf16_problem
+from ..loop.precision import bf16_problem
+from .datasets import cifar100
 from .workloads import _resnet18
 
 # Dense (no sparsity) bf16 tensor-core peak, TFLOP/s, from the vendors' data sheets; first match wins.
@@ -69,8 +72,6 @@ def train_flops_per_image(width: int = 64) -> float:
 
 def _data(opts: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     if opts["data"]:
-        from .datasets import cifar100
-
         x, y = cifar100(opts["data"], "train").tensors
         return x.to(device), y.to(device)
     g = torch.Generator(device=device).manual_seed(0)
@@ -85,7 +86,6 @@ class Loop:
 
     def __init__(self, impl: str, precision: str, channels_last: bool, compiled: bool, device: torch.device, world: int,
                  width: int = 64):
-        import ringtrain as rt
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -222,8 +222,6 @@ def preset_worker(opts: dict) -> dict | None:
 
 def run_preset(opts: dict) -> tuple[list[dict], dict]:
     """Launch the preset for each GPU count in ``opts["nprocs"]``; rows with MFU and ratio vs raw, and meta."""
-    import ringtrain as rt
-
     gpus = require_cuda() if opts.get("device", "cuda") == "cuda" else max(opts["nprocs"])
     too_many = [w for w in opts["nprocs"] if w > gpus]
     if too_many:

@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 import ringtrain as rt
 
 from ..errors import RingtrainError
-from ..precision import bf16_problem
+from ..loop.precision import bf16_problem
 from .workloads import NO_PIPELINE, Workload
 
 MODES = ("single", "dp", "ddp", "ddp+accumulate", "ddp+bf16", "ddp+powersgd", "ddp+auto", "fsdp", "hvd", "hvd+fp16",

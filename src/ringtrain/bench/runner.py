@@ -32,6 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import ringtrain as rt
+
 from ..errors import RingtrainError
 from . import workloads
 from .modes import MODES, Skip, make_trainer, precision_problem, static_skip
@@ -257,8 +259,6 @@ def _failure_reason(error: Exception) -> str:
 
 def run(cfg: Config, journal_dir: str) -> dict:
     """Every planned launch; returns {"meta": ..., "records": [...]} with skipped and failed entries included."""
-    import ringtrain as rt
-
     cuda = torch.cuda.device_count() if cfg.device != "cpu" and torch.cuda.is_available() else 0
     batch = cfg.batch_size or workloads.default_batch(cfg.workload, cfg.quick)
     records: list[dict] = []

@@ -1,7 +1,7 @@
 """Communication machinery on torch.distributed that more than one strategy uses.
 
 The Horovod-compatible API (``ringtrain.horovod``) and the ``hvd`` strategy are two
-faces on this one core (DESIGN.md: "horovod/ is a face, not a second core"):
+faces on this one core (docs/architecture.md: "horovod/ is a face, not a second core"):
 
 * ``reduce`` / ``move`` / ``join`` — checked collectives returning :class:`Handle`\\ s:
   allreduce (fused groups, Adasum), reducescatter, allgather (uneven), broadcast,
@@ -22,14 +22,12 @@ from .grad_sync import DEFAULT_FUSION_THRESHOLD, GradientSync
 from .groups import GLOBAL, ProcessSet, ProcessSetTable
 from .handles import CollectiveFailure, Handle
 from .join import barrier, join
-from .named import DuplicateName, Held
-from .named import submit as submit_named
 from .move import allgather, alltoall, broadcast, gather_to, grouped_allgather
+from .named import DuplicateName, Held, submit as submit_named
 from .ops import ReduceOp
 from .optimizer import distributed_optimizer, is_distributed, local_step
 from .reduce import allreduce, grouped_allreduce, grouped_reducescatter, reduce_to, reducescatter, split_rows
-from .state import (allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
-                    initialize_state)
+from .state import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters, initialize_state
 
 __all__ = [
     "BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor", "DEFAULT_FUSION_THRESHOLD", "GradientSync",

@@ -41,9 +41,9 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from .. import timeline
-from ..activity import ACTIVITY
 from ..errors import RingtrainError
+from ..liveness.activity import ACTIVITY
+from ..tracking import timeline
 from . import validate
 from .checks import Call, Kind, hash_text
 from .compression import NoneCompressor

@@ -74,7 +74,7 @@ class Handle:
 
 
 def _failure(what: str, error: BaseException) -> CollectiveFailure:
-    from .. import liveness  # the board says which peer left first, when one did
+    from ..liveness import membership as liveness  # the board says which peer left first, when one did
 
     why = liveness.explain()
     if why is not None:

@@ -26,7 +26,6 @@ from .groups import ProcessSet
 from .joined import serve
 
 
-
 def barrier(*, process_set: ProcessSet, check: bool = True, strict: bool = False) -> None:
     """Return once every member is here. Checked, a rank in a barrier keeps waiting while others run
     other collectives (Horovod's semantics: they raise); ``strict``: a rank that calls something else

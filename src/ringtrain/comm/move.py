@@ -13,11 +13,11 @@ import torch.distributed as dist
 
 from ..errors import RingtrainError
 from . import validate
-from .validate import InvalidArgument
 from .checks import Call, Kind
 from .groups import ProcessSet
 from .handles import Handle
 from .ops import all_gather_flat, byte_rows, row_bytes
+from .validate import InvalidArgument
 
 
 def _from_bytes(rows: torch.Tensor, dtype: torch.dtype, shape: tuple) -> torch.Tensor:

@@ -30,9 +30,8 @@ import torch
 
 from ..errors import RingtrainError
 from . import checks
-from .checks import Call, Kind, Row, hash_text
+from .checks import Call, InvalidArgument, Kind, Row, hash_text
 from .groups import ProcessSet
-from .checks import InvalidArgument
 from .handles import Handle
 from .joined import serve
 from .ops import all_gather_flat

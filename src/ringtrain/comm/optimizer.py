@@ -22,8 +22,8 @@ import warnings
 
 import torch
 
-from ..activity import ACTIVITY
 from ..errors import RingtrainError
+from ..liveness.activity import ACTIVITY
 from . import adasum, validate
 from .checks import Call, Kind
 from .compression import NoneCompressor

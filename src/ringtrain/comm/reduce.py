@@ -20,7 +20,6 @@ from .handles import Handle
 from .ops import ReduceOp, as_op, finish_, reduce_scatter_flat, scale_, wire
 
 
-
 def _device(t: torch.Tensor) -> str:
     return t.device.type
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from ..errors import RingtrainError
 from . import checks, named
-from .checks import INVALID_OP, Row
-from .checks import InvalidArgument  # noqa: F401  (re-exported: raised for invalid arguments)
+from .checks import (
+    INVALID_OP,
+    InvalidArgument,  # noqa: F401  (re-exported: raised for invalid arguments)
+    Row,
+)
 from .groups import ProcessSet
 
 

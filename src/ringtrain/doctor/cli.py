@@ -141,8 +141,7 @@ import os
 import sys
 from collections import Counter
 
-from ..errors import RingtrainError
-from ..launcher.cli import HintingParser
+from ..errors import HintingParser, RingtrainError
 from .check import check_source
 from .findings import RULES, SEVERITIES, Finding
 

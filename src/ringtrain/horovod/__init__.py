@@ -18,10 +18,11 @@ implemented on ``ringtrain.comm`` (Gloo on CPU, NCCL on GPU). Under
 Differences worth knowing: collectives are matched by call order, except named async ops (paired by name, as Horovod does; a
 metadata check raises on every rank when ranks disagree; ``RINGTRAIN_HVD_CHECKS=0``
 turns it off); the timeline (``start_timeline``, ``HOROVOD_TIMELINE``) is ringtrain's: one Chrome trace with
-a lane per rank, each gradient bucket's all-reduce and the optimizer steps (ringtrain/timeline.py), not
+a lane per rank, each gradient bucket's all-reduce and the optimizer steps (ringtrain/tracking/timeline.py), not
 Horovod's per-tensor negotiation states; elastic mode covers a fixed host set.
 """
 
+from ..comm.groups import ProcessSet
 from . import elastic
 from .basics import (
     Adasum,
@@ -89,7 +90,6 @@ from .mpi_ops import (
     synchronize,
 )
 from .optimizer import DistributedOptimizer
-from ..comm.groups import ProcessSet
 from .sync_batch_norm import SyncBatchNorm
 
 __version__ = "0.28.1"

@@ -1,7 +1,7 @@
 """``hvd.init()`` and the questions a Horovod script asks about its job.
 
 ``init()`` joins the job the same way ``ringtrain.Ring`` does: the environment is
-detected by ``ringtrain.environments`` (torchrun / ``ringtrain run``, Slurm, MPI,
+detected by ``ringtrain.parallel.environments`` (torchrun / ``ringtrain run``, Slurm, MPI,
 ``horovodrun``'s HOROVOD_* variables ...) and the process group is formed by the
 process-group service every strategy uses (``strategies/_group.py``): NCCL beside Gloo
 when each process has a GPU, Gloo otherwise, and the liveness watchdog that stops this
@@ -25,12 +25,13 @@ import os
 import torch
 import torch.distributed as dist
 
-from .. import environments, timeline
-from ..activity import ACTIVITY
 from ..comm import DEFAULT_FUSION_THRESHOLD, GLOBAL, ProcessSet, ProcessSetTable, ReduceOp
-from ..errors import RingtrainError
 from ..comm.store_check import StoreRows
-from ..strategies._group import ProcessGroup
+from ..errors import RingtrainError
+from ..liveness.activity import ACTIVITY
+from ..parallel import environments
+from ..parallel.group import ProcessGroup
+from ..tracking import timeline
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM
@@ -251,7 +252,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Record this rank's timeline (each gradient bucket's all-reduce, the optimizer steps, the ring's phases
     when a ring runs too) until ``stop_timeline()``; parts ``<file>.rank-<r>.json`` go beside ``file_path``,
     and whoever finds every rank's part merges them into ``file_path`` (one Chrome trace, a lane per rank) and
-    ``<file>.png`` (ringtrain/timeline.py). ``mark_cycles`` is accepted: there are no cycles to mark (buckets
+    ``<file>.png`` (ringtrain/tracking/timeline.py). ``mark_cycles`` is accepted: there are no cycles to mark (buckets
     go out when they are complete, not on Horovod's cycle clock). Another call first stops the running one."""
     rt = require_init()
     stop_timeline()

@@ -23,7 +23,7 @@ import subprocess
 import time
 
 from ..errors import RingtrainError
-from .host_list import Host, assign
+from .host_list import Host, assign, parse_host_list, read_hostfile
 
 DEFAULT_START_TIMEOUT = 30  # horovodrun's (HOROVOD_START_TIMEOUT)
 
@@ -112,8 +112,6 @@ def apply(ns: argparse.Namespace) -> argparse.Namespace:
         raise RingtrainError("--min-np needs the hosts: --host-discovery-script SCRIPT or -H/--hostfile",
                              "e.g. --host-discovery-script ./discover.sh (it prints `host:slots` lines).")
     else:
-        from .host_list import parse_host_list, read_hostfile
-
         hosts = parse_host_list(ns.hosts) if ns.hosts is not None else read_hostfile(ns.hostfile)
     total = sum(h.slots for h in hosts)
     chosen = assign(hosts, min(total, max_np) if max_np is not None else total)

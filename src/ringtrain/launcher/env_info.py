@@ -17,6 +17,9 @@ import os
 import platform
 import sys
 
+from ..errors import RingtrainError
+from ..parallel.environments import detect
+
 EXACT_VARS = (
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
     "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
@@ -108,9 +111,6 @@ def _backends(torch) -> str:
 
 
 def _environment() -> str:
-    from ..environments import detect
-    from ..errors import RingtrainError
-
     try:
         return detect().describe()
     except RingtrainError as e:

@@ -31,8 +31,8 @@ import socket
 import time
 from typing import Any
 
-from ..failures import info_of
-from ..records import Exit, Post
+from ..liveness.failures import info_of
+from ..liveness.records import Exit, Post
 
 HOLD_S = 5.0  # the most node 0's agent keeps the store up for the other nodes after a failure
 

@@ -11,10 +11,9 @@ import argparse
 import os
 import sys
 
-from ..errors import RingtrainError
+from ..errors import HintingParser, RingtrainError
 from . import horovod_flags, torchrun_flags
-from .cli import HintingParser
-from .hosts import TORCHRUN_DEFAULT_PORT
+from .ports import TORCHRUN_DEFAULT_PORT
 from .prefixes import Vocabulary
 from .torchrun_flags import Flag
 
@@ -95,7 +94,7 @@ def build_parser(manual: str) -> argparse.ArgumentParser:
     takes = {"-h": 0, "--help": 0}
 
     def add(group, flag: Flag) -> None:
-        # Both spellings (DESIGN.md, principle 7); the underscore one is accepted but kept out of
+        # Both spellings (docs/architecture.md, principle 7); the underscore one is accepted but kept out of
         # --help so the option list stays readable.
         shown = [s for s in flag.strings if "_" not in s]
         hidden = [s for s in flag.strings if "_" in s]

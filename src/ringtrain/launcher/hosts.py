@@ -41,9 +41,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import RingtrainError
+from ..liveness.seal import SECRET_ENV, SECRET_FILE_ENV, new_secret
 from .host_list import assign, parse_host_list, read_hostfile
+from .plan import plan_from_args
+from .ports import TORCHRUN_DEFAULT_PORT
+from .torchrun_flags import passthrough_argv, passthrough_values
 
-TORCHRUN_DEFAULT_PORT = 29500  # torchrun's default for multi-node static rendezvous
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 # The loopback interface's own addresses: the only loopback addresses that are "here" rather
 # than a host to ssh to (horovod/runner/util/network.py get_local_host_addresses lists the
@@ -153,8 +156,6 @@ def master_address(nodes: Sequence, given: str | None) -> str:
 def forwarded_environment(environ: Mapping) -> dict:
     """The variables handed to remote agents (FORWARDED_NAMES and FORWARDED_PREFIXES), sorted; never the
     job's secret, which would show on the remote command line (``RINGTRAIN_JOB_SECRET_FILE``, a path, goes)."""
-    from ..seal import SECRET_ENV
-
     return {k: environ[k] for k in sorted(environ)
             if (k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES)) and k != SECRET_ENV}
 
@@ -166,8 +167,6 @@ def sealing_environment(nodes: Sequence, environ: Mapping) -> dict | None:
     the user's ``RINGTRAIN_JOB_SECRET_FILE`` reaches them (a path); a ``RINGTRAIN_JOB_SECRET`` would have
     to travel on their command line, which ``ps`` shows to every user there: refused. None: keep ``environ``.
     """
-    from ..seal import SECRET_ENV, SECRET_FILE_ENV, new_secret
-
     if all(node.local for node in nodes):
         return None if environ.get(SECRET_ENV) or environ.get(SECRET_FILE_ENV) else \
             {**environ, SECRET_ENV: new_secret()}
@@ -232,8 +231,6 @@ def plan_nodes(hosts: Sequence, *, master_addr: str | None, master_port: int, op
 
 def agent_options(ns: argparse.Namespace) -> list:
     """The options every node's agent gets from a -H/--hostfile command (the rest is per node)."""
-    from .torchrun_flags import passthrough_argv, passthrough_values
-
     options = ["--horovod"] if ns.horovod else []
     options += ["--verbose"] if getattr(ns, "verbose", None) else []
     for flag, value in (("--gpus", ns.gpus), ("--max-restarts", ns.max_restarts), ("--log-dir", ns.log_dir),
@@ -249,12 +246,12 @@ def _free_loopback_port() -> int:
         return s.getsockname()[1]
 
 
-def nodes_from_args(ns: argparse.Namespace, check: Callable, *, environ: Mapping | None = None,
+def nodes_from_args(ns: argparse.Namespace, *, environ: Mapping | None = None,
                     names: set | None = None, nnodes: str | None = None) -> list:
     """``ringtrain run -H/--hostfile ...``: validate all of it here, then one Node per host.
 
-    ``check`` is run.py's ``plan_from_args``: each node's command line is checked before
-    any node starts, so a wrong argument is one exit code 2 here, not K failing agents.
+    Each node's command line is planned (plan.py) before any node starts, so a wrong argument is one
+    exit code 2 here, not K failing agents.
     """
     for flag, value in (("--nproc-per-node", ns.nproc_per_node), ("--nnodes", ns.nnodes),
                         ("--node-rank", ns.node_rank)):
@@ -266,7 +263,7 @@ def nodes_from_args(ns: argparse.Namespace, check: Callable, *, environ: Mapping
     listed = parse_host_list(ns.hosts) if ns.hosts is not None else read_hostfile(ns.hostfile)
     assigned = assign(listed, ns.np)
     for host in assigned:
-        check(argparse.Namespace(**{**vars(ns), "np": None, "nproc_per_node": str(host.slots),
+        plan_from_args(argparse.Namespace(**{**vars(ns), "np": None, "nproc_per_node": str(host.slots),
                                     "nnodes": nnodes or str(len(assigned)), "node_rank": 0}))
     names = local_names() if names is None else names
     port = ns.master_port

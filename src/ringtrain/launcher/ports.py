@@ -39,6 +39,8 @@ if TYPE_CHECKING:  # importing torch costs ~1.5 s; callers import it when they n
 LOOPBACK = "127.0.0.1"
 
 
+TORCHRUN_DEFAULT_PORT = 29500  # torchrun's default for multi-node static rendezvous
+
 def is_loopback(addr: str) -> bool:
     """True for 127.0.0.0/8, ::1 and names that resolve only to them (``localhost``)."""
     try:

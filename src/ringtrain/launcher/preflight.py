@@ -22,14 +22,11 @@ Only the ``env_info`` functions look at the machine; tests replace them to play 
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING
 
 from ..errors import RingtrainError
 from . import env_info
+from .plan import Plan
 from .ports import is_this_machine
-
-if TYPE_CHECKING:
-    from .run import Plan
 
 OVERSUBSCRIBED = 4  # workers per core (or per GPU) above which ringtrain warns
 STORE_CLIENTS_PER_NODE = 3  # each node's agent: the rendezvous client and its counter (rendezvous.py), one spare

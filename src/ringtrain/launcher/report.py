@@ -18,8 +18,12 @@ import signal
 import socket
 from typing import Any
 
-from .. import failures as _failures
-from ..records import Blame, Post
+from ..liveness import failures as _failures
+from ..liveness.activity import is_user_file
+from ..liveness.procs import exists as process_exists
+from ..liveness.records import Blame, Post
+from ..liveness.stall import mismatch, per_rank_summary
+from .worker import native_dump_path
 
 # Frames of the machinery between the agent and the user's code: ringtrain's worker entry,
 # runpy, and torchelastic's @record wrapper. The report shows the user's frames only.
@@ -134,9 +138,6 @@ _FAULT_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P
 def native_crash(rank: int) -> tuple[str | None, str] | None:
     """(the crashed rank's innermost user frame, its thread's stack) from faulthandler's dump of this
     launcher's worker ``rank`` (worker.py writes it on SIGABRT/SIGSEGV), or None when there is none."""
-    from ..activity import is_user_file
-    from .worker import native_dump_path
-
     path = native_dump_path(os.getpid(), rank)
     try:
         with open(path) as f:
@@ -165,8 +166,6 @@ def run_summary(board: Any) -> str | None:
     """The per-rank step times of a finished job (ring loops publish them), or None."""
     if board is None:
         return None
-    from ..stall import per_rank_summary
-
     return per_rank_summary({r: v.times for r, v in board.whereabouts().items()})
 
 
@@ -174,8 +173,6 @@ def whereabouts_lines(board: Any) -> list[str]:
     """Where every rank was last seen: for a job that died in a collective (a mismatch aborts Gloo)."""
     if board is None:
         return []
-    from ..stall import mismatch
-
     views = board.whereabouts()
     if not views:
         return []
@@ -254,9 +251,6 @@ def remove_native_dumps() -> None:
     those of launchers that no longer exist (killed before their own end could remove them)."""
     import glob
     import re
-
-    from ..failures import process_exists
-    from .worker import native_dump_path
 
     for path in glob.glob(native_dump_path("*", "*")):  # type: ignore[arg-type]
         found = re.match(r"ringtrain-native-(\d+)-", os.path.basename(path))

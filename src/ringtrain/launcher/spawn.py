@@ -54,8 +54,10 @@ import time
 from typing import Any, Callable, NamedTuple, Sequence
 
 from ..errors import RingtrainError
-from ..seal import SECRET_ENV, new_secret
+from ..liveness import failures
+from ..liveness.seal import SECRET_ENV, new_secret
 from .ports import LOOPBACK, bind_listener, keep_gloo_on_loopback, serve_store
+from .report import first_cause
 from .worker import die_with_parent, finish, run_to_end
 
 _RESULT = "rank{}.pkl"
@@ -313,9 +315,6 @@ def _failure(processes: list, name: str, results: str, stopped: Sequence[int] = 
     record was killed by us, not by its own fault: it is never the cause (a child that died of a
     Python error before it could record one was reported as "killed by SIGTERM" in its place).
     """
-    from .. import failures
-    from .report import first_cause
-
     failed = {}
     for rank, p in enumerate(processes):
         if p.exitcode in (0, None):

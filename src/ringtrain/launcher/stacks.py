@@ -25,7 +25,8 @@ import sys
 import threading
 from typing import Any
 
-from .cli import HintingParser
+from ..errors import HintingParser
+from ..liveness import board as boards, procs
 
 ANSWER_S = 3.0
 
@@ -113,8 +114,6 @@ class StackRequests:
         threading.Thread(target=self.ask, name="ringtrain-stacks", daemon=True).start()
 
     def ask(self) -> None:
-        from .. import board as boards
-
         board = boards.job_board(self.store, self.master)
         if board is None:
             print("ringtrain run: stacks: no rank has joined a process group yet; nothing to ask.", file=sys.stderr,
@@ -123,12 +122,12 @@ class StackRequests:
         number = board.request_stacks(all_threads=True)
         hellos = board.hellos_so_far()
         answers = board.answers(number, sorted(hellos), ANSWER_S)
-        here = boards.host_identity()
+        here = procs.host_identity()
         for rank in sorted(set(hellos) - set(answers)):
             hello = hellos[rank]
             where = f"pid {hello.get('pid')} on {hello.get('hostname', '?')}"
             if hello.get("host") == here:
-                state = boards.process_state(hello["pid"])
+                state = procs.state(hello["pid"])
                 print(f"ringtrain run: stacks: rank {rank} did not answer ({where}: {state}); Python's faulthandler "
                       "prints its threads' stacks below, from a signal handler.", file=sys.stderr, flush=True)
                 try:

@@ -13,9 +13,9 @@ typed ``python TARGET ARGS...`` (or ``python -m TARGET ARGS...``) and runs the t
   names (run, cli, worker, ...) would shadow the user's.
 * when the script is over, the peers and the launcher are told how: an uncaught exception
   (or ``sys.exit(N)``, N > 0) is written to the error file the agent reads
-  (``TORCHELASTIC_ERROR_FILE``, ringtrain/failures.py) and shows in the launcher's report;
+  (``TORCHELASTIC_ERROR_FILE``, ringtrain/liveness/failures.py) and shows in the launcher's report;
   a script that used torch.distributed posts "failed" or "finished" on the job's liveness
-  board (ringtrain/liveness.py), so a peer still waiting for it stops in seconds and the
+  board (ringtrain/liveness/membership.py), so a peer still waiting for it stops in seconds and the
   report names the rank that caused it. Then Python's exit steps run (non-daemon threads,
   atexit handlers, bounded in time) and the process leaves with the script's exit status,
   without interpreter finalization (``finish`` says why).
@@ -52,7 +52,7 @@ import time
 import traceback
 
 MODES = ("path", "module", "exec")  # exec: `ringtrain run --no-python PROGRAM` (torchrun's), run as it is
-EXIT_BOUND_S = 10.0  # = ringtrain.liveness.EXIT_BOUND_S (this file imports nothing of ringtrain up front)
+EXIT_BOUND_S = 10.0  # = ringtrain.liveness.membership.EXIT_BOUND_S (this file imports nothing of ringtrain up front)
 HOROVOD_FLAG = "--horovod"
 # ringtrain/horovod/_alias: holds a package named `horovod` that re-exports ringtrain.horovod.
 HOROVOD_ALIAS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "horovod", "_alias")
@@ -128,7 +128,9 @@ def observe_plain_script(poll_s: float = 1.0) -> None:
             if dist is not None and getattr(dist, "is_initialized", lambda: False)():
                 break
         time.sleep(2 * poll_s)  # a ring forms its group and then starts its own watchdog: let it
-        from ringtrain import environments, liveness, watchdog
+        # imported only now: the worker entry loads nothing of ringtrain before the user's script runs
+        from ..liveness import membership as liveness, watchdog
+        from ..parallel import environments
 
         if liveness.ACTIVE is not None or liveness.LAST is not None:
             return
@@ -230,7 +232,9 @@ def _tell_peers(status: int, reason: str, error: BaseException | None) -> dict |
     """Post how this rank left on the job's liveness board (only if the script used torch.distributed)."""
     if "torch.distributed" not in sys.modules:
         return None  # a script that never imported it never joined a group: nobody waits for it
-    from ringtrain import environments, liveness
+    # imported only now: the worker entry loads nothing of ringtrain before the user's script runs
+    from ..liveness import membership as liveness
+    from ..parallel import environments
 
     env = environments.detect()
     return liveness.leave_process(status, reason, (env.master_addr, env.master_port), env.rank, env.world_size,
@@ -248,7 +252,7 @@ def finish(status: int, reason: str, error: BaseException | None) -> None:
     """
     post = _tell_peers(status, reason, error)
     if error is not None:
-        from ringtrain import failures
+        from ..liveness import failures  # the script has run: loading it now costs it nothing
 
         info = post.to_dict() if post is not None else {"time": time.time(), "cause": "own"}
         callstack = "".join(traceback.format_exception(type(error), error, _user_frames(error.__traceback__)))
@@ -265,7 +269,7 @@ def finish(status: int, reason: str, error: BaseException | None) -> None:
         except (OSError, ValueError, AttributeError):
             pass
     if status != 0:
-        from ringtrain import failures
+        from ..liveness import failures  # the script has run: loading it now costs it nothing
 
         failures.stop_own_processes()  # what the script started goes with it (failures.py says why)
     os._exit(status)

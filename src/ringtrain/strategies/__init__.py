@@ -18,8 +18,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..comm.powersgd import PowerSGD
-from ..environments import Environment
 from ..errors import RingtrainError
+from ..parallel.environments import Environment
 from .base import BackwardSyncControl, Distributed, PipelineSchedule, Strategy
 from .ddp import DDP
 from .dp import DataParallel

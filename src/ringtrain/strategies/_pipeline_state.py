@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import state
-from ..checkpoint import strip_wrapper_prefixes
+from ..checkpoint import state
+from ..checkpoint.model import strip_wrapper_prefixes
 from ..errors import RingtrainError
 
 

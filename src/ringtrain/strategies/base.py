@@ -15,7 +15,7 @@ A strategy is an object the user may build with its own options
 
 Only what differs is abstract: the device and how the module is wrapped. Everything else
 has a working default here, correct on one process. Optional abilities are mixins that
-code asks for with ``isinstance`` (DESIGN.md, principle 2) — never ``strategy.name == ...``.
+code asks for with ``isinstance`` (docs/architecture.md, principle 2) — never ``strategy.name == ...``.
 """
 
 from __future__ import annotations
@@ -28,13 +28,15 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
-from .. import collectives
-from ..environments import Environment
+from ..checkpoint import state
+from ..checkpoint.state import gather_full, is_sharded, load_module_state
 from ..errors import RingtrainError
-from ..materialize import check as check_meta, materialize, on_meta, rank0_rng_state
-from ..mesh import Layout, build as build_mesh, data_layout
-from ..stages import spans_devices
-from ._group import DEFAULT_TIMEOUT
+from ..loop import collectives
+from ..parallel.environments import Environment
+from ..parallel.group import DEFAULT_TIMEOUT, ProcessGroup
+from ..parallel.mesh import Layout, build as build_mesh, data_layout
+from ..parallel.stages import spans_devices
+from .materialize import check as check_meta, materialize, on_meta, rank0_rng_state
 
 
 class Strategy(ABC):
@@ -223,21 +225,15 @@ class Strategy(ABC):
 
     def module_state(self, module: nn.Module) -> Any:
         """``module``'s whole state dict on the CPU, on rank 0 (None elsewhere). Collective for shards."""
-        from ..state import gather_full
-
         return gather_full(self.local_state(module), keep=self.rank == 0)
 
     def load_module_state(self, module: nn.Module, state_dict: Any, path: str) -> None:
         """Load a whole state dict (every rank holds it); shards take their part."""
-        from ..state import load_module_state
-
         load_module_state(self.unwrap(module), state_dict, path)
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer, module: nn.Module | None = None) -> Any:
         """``optimizer.state_dict()`` as the optimizer of the unsplit model would give it, on rank 0. Collective
         for shards (``module``: the model it was set up with)."""
-        from .. import state
-
         if module is None or not _holds_shards(optimizer):
             return optimizer.state_dict()
         named = state.named_optimizer(optimizer, state.parameter_names(self.named_parameters(module)))
@@ -247,8 +243,6 @@ class Strategy(ABC):
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state_dict: Any,
                              module: nn.Module | None = None) -> None:
         """Load a whole (numbered) optimizer state; shards take their part."""
-        from .. import state
-
         if module is None or not _holds_shards(optimizer):
             optimizer.load_state_dict(state_dict)
             return
@@ -295,8 +289,6 @@ class Strategy(ABC):
 
 
 def _holds_shards(optimizer: torch.optim.Optimizer) -> bool:
-    from ..state import is_sharded
-
     return any(is_sharded(p) for group in optimizer.param_groups for p in group["params"])
 
 
@@ -334,8 +326,6 @@ class Distributed(Strategy):
         return self._checkpoint_group
 
     def check_job(self) -> None:
-        from ._group import ProcessGroup
-
         self.group = ProcessGroup(self.env, device=self.device_request, backend=self.backend_request,
                                   init_method=self.init_method, timeout=self.timeout, stall_warning=self.stall_warning,
                                   backward_syncs=self.backward_syncs)

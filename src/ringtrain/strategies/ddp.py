@@ -13,10 +13,10 @@ from typing import Any, ContextManager
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .. import timeline
 from ..comm import ddp_hooks
 from ..errors import RingtrainError
-from ..stages import spans_devices
+from ..parallel.stages import spans_devices
+from ..tracking import timeline
 from .base import BackwardSyncControl, Distributed
 
 

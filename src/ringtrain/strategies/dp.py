@@ -16,8 +16,9 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .. import devices
 from ..errors import RingtrainError
+from ..parallel import devices
+from ..parallel.syncbn import SyncBatchNorm
 from .base import Strategy
 
 
@@ -83,8 +84,6 @@ class DataParallel(Strategy):
     def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
         if len(self.device_ids) < 2:
             return module
-        from ..syncbn import SyncBatchNorm
-
         synced = [name for name, m in module.named_modules() if isinstance(m, (SyncBatchNorm, nn.SyncBatchNorm))]
         if synced:
             # Refused rather than warned: DataParallel's replicas are threads of one process

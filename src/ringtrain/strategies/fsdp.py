@@ -33,10 +33,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import materialize
 from ..errors import RingtrainError
-from ..mesh import Layout, data_layout
-from . import _units
+from ..parallel.mesh import Layout, data_layout
+from . import _units, materialize
 from .base import BackwardSyncControl, Distributed
 
 OFFLOADS = (None, "cpu")
@@ -119,7 +118,13 @@ class FSDP(Distributed, BackwardSyncControl):
         device gets only its shards allocated, and initialised unless ``init=False`` (a pipeline
         initialises its whole model in order itself).
         """
-        from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            FSDPModule,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+        )
 
         if isinstance(module, FSDPModule):
             raise RingtrainError("ring.setup got a model that fully_shard already sharded",

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .. import comm
-from ..comm import Compression, DEFAULT_FUSION_THRESHOLD
+from ..comm import DEFAULT_FUSION_THRESHOLD, Compression
 from ..comm.store_check import StoreRows
 from ..errors import RingtrainError
 from .base import Distributed
@@ -62,8 +62,9 @@ class Horovod(Distributed):
         self.backward_passes_per_step = 1
         # Every rank, as a process set of this strategy's own: its check rounds, checker and verified
         # gradient layout are this strategy's, not ``ringtrain.horovod``'s global set's (a script
-        # may use both), and nothing here changes what the other uses (DESIGN: each strategy owns
-        # its process set). ``bind`` makes its engine groups once the process group exists.
+        # may use both), and nothing here changes what the other uses (docs/architecture.md,
+        # principle 13: each strategy owns its process set). ``bind`` makes its engine groups once
+        # the process group exists.
         self.process_set = comm.ProcessSet(None)
 
     def __repr__(self) -> str:

@@ -45,10 +45,11 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 
-from .. import materialize, state
+from ..checkpoint import state
 from ..errors import RingtrainError
-from ..mesh import PP, Layout, data_layout
-from ..stages import Stage, cut, dynamic_mode_problem, meta_copy, meta_shapes, release
+from ..parallel.mesh import PP, Layout, data_layout
+from ..parallel.stages import Stage, cut, dynamic_mode_problem, meta_copy, meta_shapes, release
+from . import materialize
 from ._pipeline_state import StageCheckpoints
 from .base import Distributed, PipelineSchedule
 from .ddp import DDP
@@ -206,7 +207,7 @@ class Pipeline(StageCheckpoints, Distributed, PipelineSchedule):
             raise RingtrainError(
                 f"stages={s} but the split points make {n} stage(s)",
                 f"give {s - 1} split point(s) (split_at=[module names]); available names are listed by "
-                "`from ringtrain.stages import cuttable_names; cuttable_names(model)`.",
+                "`from ringtrain.parallel.stages import cuttable_names; cuttable_names(model)`.",
             )
         if self.pp_group is None:
             raise RingtrainError("the pipeline's process groups do not exist yet", "call setup_environment() first (Ring does).")

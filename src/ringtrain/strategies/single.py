@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import devices
 from ..errors import RingtrainError
+from ..parallel import devices
 from .base import Strategy
 
 

@@ -21,6 +21,7 @@ import math
 import os
 import sys
 
+from ..errors import HintingParser, RingtrainError
 from .table import read_rows
 
 PARTS = (("data_ms", "data (waiting for the loader)", "#9c9c9c"),
@@ -130,8 +131,6 @@ def ranks_png(rows: list[dict[str, str]], path: str, title: str) -> str:
 
 def plot(folder: str, out: str | None = None) -> list[str]:
     """Draw ``curves.png`` (and ``ranks.png`` when there are per-rank rows) of a run folder; their paths."""
-    from ..errors import RingtrainError
-
     metrics = os.path.join(folder, "metrics.csv")
     if not os.path.isfile(metrics):
         raise RingtrainError(f"{folder!r} has no metrics.csv",
@@ -154,9 +153,6 @@ def plot(folder: str, out: str | None = None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-
-    from ..errors import RingtrainError
-    from ..launcher.cli import HintingParser
 
     parser = HintingParser(prog="ringtrain plot", description=__doc__.split("\n\n", 1)[1],
                            formatter_class=argparse.RawDescriptionHelpFormatter, usage="ringtrain plot RUN_DIR [--out DIR]")

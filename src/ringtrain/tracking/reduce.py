@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..errors import RingtrainError
-from ..stall import per_rank_stats
+from ..liveness.stall import per_rank_stats
 
 REDUCTIONS = ("mean", "sum", "max", "min", None)
 TIMES = ("steps", "total_data", "total_sync", "total_step")  # activity.StepTimes counters, in this order

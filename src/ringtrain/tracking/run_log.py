@@ -24,8 +24,8 @@ import sys
 import time
 from typing import Any, Mapping
 
-from ..activity import ACTIVITY
 from ..errors import RingtrainError
+from ..liveness.activity import ACTIVITY
 from . import adapter, reduce as reducing
 from .table import Table
 

@@ -9,7 +9,6 @@ from ..nodes import callee_name, dotted, keyword
 from ..ranks import TORCH_SEEDERS, seeded_alike
 from ..script import Script
 
-
 # Calls that can carry the model's weights from rank 0 (broadcast_optimizer_state cannot).
 BROADCASTS_WEIGHTS = {"broadcast_parameters", "broadcast_variables", "broadcast_object", "broadcast", "broadcast_",
                       "broadcast_module"}

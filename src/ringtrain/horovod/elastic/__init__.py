@@ -8,7 +8,7 @@ torch.distributed for a fixed set of processes: re-initialising (``shutdown()`` 
 ``init()``) keeps the same process group and the same peers, so it recovers from a
 failure every process survives (a ``HorovodInternalError`` a collective or the script
 raised), not from a dead peer. A rank that dies or leaves ends the whole job within
-seconds instead (ringtrain.liveness); ``ringtrain run --max-restarts N`` (torchrun's
+seconds instead (ringtrain.liveness.membership); ``ringtrain run --max-restarts N`` (torchrun's
 agent) then restarts every worker, and the script starts again from its own checkpoint.
 Hosts joining or leaving (Horovod's host discovery) is not supported.
 """
@@ -21,7 +21,6 @@ from ..basics import init, shutdown
 from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from .sampler import ElasticSampler
 from .state import ObjectState, State, TorchState
-
 
 MAX_FAILURES_WITHOUT_PROGRESS = 3
 

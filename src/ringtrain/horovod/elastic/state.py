@@ -9,9 +9,8 @@ Python objects, broadcast by pickling.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 import copy
+from abc import ABC, abstractmethod
 
 import torch
 

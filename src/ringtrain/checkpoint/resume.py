@@ -1,0 +1,465 @@
+"""Saving a run and continuing it: ``Resumer``, which a ``Ring`` holds and delegates to.
+
+The state machine, top to bottom:
+
+0. construction — with a ``checkpoint_dir``, the main process makes the folder ready and takes it
+   for this job (folder_lock.py; ``release()`` gives it back), every rank told the outcome;
+1. ``track(targets)`` — ``ring.setup`` hands over the model/optimizer/scheduler it made; with
+   a ``checkpoint_dir`` they become the periodic save's contents, their configuration is
+   recorded (fingerprint.py), and the newest complete checkpoint in the folder is loaded into
+   them now if ``resume=`` allows it (resume_policy.py; a restarted job resumes here);
+2. ``add_loader(made)`` — a loader made after a load gets its saved position (the first training
+   loader also gives the global batch, checked against the checkpoint's);
+3. ``autosave()`` — the Ring calls it when ``Step.save_due`` says a periodic save is due, at a
+   point it chooses (before the next batch is handed out, or when the epochs end);
+   ``flush()`` waits for an asynchronous one still being written;
+4. ``save(path, **state)`` / ``load(path, **targets)`` — the user's own checkpoints.
+
+A ring checkpoint holds the user's objects plus what continuing exactly needs: every
+rank's RNG state, the loaders' positions, the epoch, the step counters and the fp16
+scaler. Two forms (state.py): one ``torch.save`` file gathered on rank 0 (checkpoint.py: atomic
+writes, safe loading, the folder's manifest), or a sharded folder every rank writes its part of
+(sharded.py) — the default of strategies whose state is sharded (FSDP), asynchronous in a
+``checkpoint_dir``. Either form loads into any strategy at any world size.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..errors import RingtrainError, one_line
+from ..liveness.activity import ACTIVITY
+from ..loop.data import RingLoader, move_to_device
+from ..loop.step import Step
+from . import files, fingerprint, lock as folder_lock, policy as resume_policy, rng, sharded, state
+from .folder import CheckpointDir
+from .model import is_plain_state_dict
+
+
+class Resumer:
+    """Checkpoints of one ring: what to save, when asked, and how to continue from one."""
+
+    def __init__(self, strategy: Any, step: Step, scaler: torch.amp.GradScaler,
+                 loaders: list[RingLoader], epoch: Callable[[], int | None], say: Callable[[str], None],
+                 checkpoints: CheckpointDir | None = None,
+                 module_of: Callable[[torch.optim.Optimizer], nn.Module | None] = lambda optimizer: None,
+                 resume: str = "auto", global_batch: Callable[[], int | None] = lambda: None):
+        self.strategy = strategy
+        self.step = step
+        self.scaler = scaler
+        self.loaders = loaders  # the ring's own list: loaders it makes later appear here too
+        self.epoch = epoch
+        self.say = say
+        self.checkpoints = checkpoints
+        self.module_of = module_of  # the model an optimizer was set up with (its parameters' names)
+        self.resume_epoch: int | None = None  # where ring.epochs continues after a load
+        self._targets: dict[str, Any] = {}  # what the periodic save writes
+        self._loader_states: list[dict[str, Any]] = []  # saved positions, by loader index
+        self._async: sharded.AsyncSave | None = None
+        self.resume = resume
+        self.global_batch = global_batch
+        self._fingerprint: dict[str, Any] = {"entries": {}}  # this run's configuration (fingerprint.py)
+        self._resumed: dict[str, Any] | None = None  # the fingerprint of the checkpoint resumed from, until checked
+        self._resumed_from = ""
+        self._lock: folder_lock.FolderLock | None = None
+        self._claim()
+
+    @staticmethod
+    def checkpoint_dir(folder: str | None, save_every: int | None, keep_last: int,
+                       resume: str = "auto") -> CheckpointDir | None:
+        """``Ring(checkpoint_dir=, save_every=, keep_last=, resume=)``, checked before any process group forms."""
+        resume_policy.check_argument(resume, folder)
+        if save_every is not None and (not isinstance(save_every, int) or save_every < 1 or folder is None):
+            raise RingtrainError(
+                f"Ring got save_every={save_every!r} with checkpoint_dir={folder!r}",
+                "save_every is a positive number of optimizer steps and needs checkpoint_dir=... to save into.",
+            )
+        return CheckpointDir(folder, keep_last) if folder else None
+
+    @property
+    def is_main(self) -> bool:
+        return self.strategy.rank == 0
+
+    # --- 1, 2: what the ring set up ------------------------------------------------------
+    def _claim(self) -> None:
+        """The main process makes the folder ready and takes it for this job (folder_lock.py); every rank
+        gets the outcome, so a refusal raises on all of them."""
+        if self.checkpoints is None:
+            return
+
+        def claim() -> list[str]:
+            self.checkpoints.check_writable()  # a folder that cannot take a checkpoint is named now, not at step N
+            self._lock = folder_lock.FolderLock(self.checkpoints.folder)
+            said = [self._lock.acquire(folder_lock.job_of(os.environ))]
+            try:
+                self.checkpoints.prepare()
+                if self.resume == "never" and self.strategy.env.restart_count == 0:
+                    said.append(resume_policy.set_aside(self.checkpoints))
+            except BaseException:
+                self.release()
+                raise
+            return [line for line in said if line]
+
+        for line in self._agree(claim):
+            self.say(line)
+
+    def release(self, unless_saving: bool = False) -> None:
+        """Give the checkpoint folder back (main process; ``ring.close``), or keep it while an asynchronous save
+        is still being written (``unless_saving``: the process's exit gives it back)."""
+        if self._lock is not None and not (unless_saving and self.saving):
+            self._lock.release()
+
+    def track(self, targets: dict[str, Any]) -> None:
+        if self.checkpoints is None:
+            return
+        self._targets.update(targets)
+        self._fingerprint["entries"].update(self._describe(targets))
+        try:
+            latest, said, self._resumed = self._agree(lambda: self._choose(list(targets)))
+        except RingtrainError:
+            self.release()  # refused: the folder is not this run's to hold
+            raise
+        for line in said:
+            self.say(line)
+        if latest is None:
+            return
+        self._resumed_from = latest
+        self.load(latest, **targets)
+        self.say(f"ringtrain: resumed from {latest} (epoch {self.resume_epoch}, step {self.step.optimizer_steps})")
+
+    def _describe(self, targets: dict[str, Any]) -> dict[str, Any]:
+        """Fingerprints of the models (every rank's parameters united: a pipeline stage holds only its own)
+        and optimizers in ``targets`` (collective)."""
+        described = {}
+        for name, target in targets.items():
+            if isinstance(target, nn.Module):
+                mine = {k: state.global_shape(p) for k, p in self.strategy.named_parameters(target).items()}
+                shapes = {k: v for every in self.strategy.gather_object(mine) for k, v in every.items()}
+                described[name] = fingerprint.of_module(shapes)
+            elif isinstance(target, torch.optim.Optimizer):
+                described[name] = fingerprint.of_optimizer(target)
+        return described
+
+    def _choose(self, names: list[str]) -> tuple[str | None, list[str], dict[str, Any] | None]:
+        """Main process: the checkpoint to resume from (or None), what to say, by ``resume=``, and its fingerprint."""
+        latest = self.checkpoints.latest_readable()  # type: ignore[union-attr]
+        if latest is None:
+            return None, [], None
+        saved = fingerprint.saved_in(latest)
+        if saved is None:
+            return latest, [], None  # written before checkpoints held their configuration: nothing to compare
+        changed = fingerprint.differences(saved, self._run_fingerprint(), names)
+        return latest, (resume_policy.world_size_note(latest, saved, self.strategy.world_size)
+                        + resume_policy.judge(self.resume, self.checkpoints.folder, latest, changed)), saved  # type: ignore[union-attr]
+
+    def _run_fingerprint(self) -> dict[str, Any]:
+        return {**self._fingerprint, "world_size": self.strategy.world_size, "global_batch": self.global_batch()}
+
+    def add_loader(self, made: RingLoader) -> None:
+        if self._resumed is not None and self.global_batch() is not None:  # the first training loader
+            self._check_batch(self._resumed)
+        index = self.loaders.index(made)
+        if index < len(self._loader_states):
+            _resume_loader(made, self._loader_states[index])
+
+    def _check_batch(self, saved: dict[str, Any]) -> None:
+        """The global batch, known once the first training loader is made, against the checkpoint's (every rank)."""
+        self._resumed = None
+        line, resized = fingerprint.batch_difference(saved, self.strategy.world_size, self.global_batch())
+        if line is not None and resized:
+            self.say(f"ringtrain: {line}, with the world size ({saved['world_size']} -> {self.strategy.world_size})")
+        elif line is not None:
+            try:
+                said = resume_policy.judge(self.resume, self.checkpoints.folder, self._resumed_from, [line])  # type: ignore[union-attr]
+            except RingtrainError:
+                self.release()
+                raise
+            for text in said:
+                self.say(text)
+
+    def take_resume_epoch(self) -> int | None:
+        epoch, self.resume_epoch = self.resume_epoch, None
+        return epoch
+
+    # --- 3: periodic saves ----------------------------------------------------------------
+    def autosave(self) -> None:
+        """Write the periodic checkpoint that is due: sharded and asynchronous where the strategy shards."""
+        self.step.saved()
+        ACTIVITY.enter("checkpoint")
+        number = self.step.optimizer_steps
+        folders = self.strategy.shards_state
+        path = self.checkpoints.path_for(number, folder=folders)  # type: ignore[union-attr]
+        if not folders:
+            self.save(path, full=True, **self._targets)
+            epoch = self.epoch()
+            self._agree(lambda: self.checkpoints.commit(path, step=number, epoch=epoch))  # type: ignore[union-attr]
+            return
+        self.flush()  # one save in flight at a time: the next waits for the previous
+        tensors, skeleton, kinds, meta = self._sharded_parts(self._targets)
+        staging = self._agree(lambda: sharded.staging_folder(path))
+        epoch, folder = self.epoch(), self.checkpoints
+
+        def done() -> None:  # in the writer thread, once every rank's shards are on disk
+            if self.is_main:
+                sharded.finish(staging, path, skeleton, kinds, meta)
+                folder.commit(path, step=number, epoch=epoch)  # type: ignore[union-attr]
+
+        if self._async is None:
+            self._async = sharded.AsyncSave(self.strategy.checkpoint_group())
+        self._async.start(staging, tensors, done)
+
+    @property
+    def saving(self) -> bool:
+        """Is an asynchronous checkpoint being written right now (on this rank)?"""
+        return self._async is not None and self._async.in_flight
+
+    def flush(self, agree: bool = True) -> None:
+        """Wait for an asynchronous save still being written; a failure raises on every rank (``agree``: the
+        ranks compare outcomes, a collective), or only where it happened (``ring.close``: no collective)."""
+        if self._async is None:
+            return
+        error = self._async.wait()
+        message = None if error is None else one_line(error)
+        if not agree:
+            if message is not None:
+                raise RingtrainError(f"the asynchronous checkpoint failed: {message}",
+                                     "check the checkpoint folder's space and permissions; the previous checkpoint "
+                                     "is still the newest listed one.")
+            return
+        failures = self.strategy.gather_object(message)
+        first = next(((r, m) for r, m in enumerate(failures) if m is not None), None)
+        if first is not None:
+            raise RingtrainError(f"rank {first[0]}: the asynchronous checkpoint failed: {first[1]}",
+                                 "check the checkpoint folder's space and permissions; the previous checkpoint is "
+                                 "still the newest listed one.")
+
+    # --- 4: the user's checkpoints ------------------------------------------------------
+    def save(self, path: str, full: bool | None = None, **state_: Any) -> None:
+        """Write ``state_`` to ``path``; every rank returns when it is on disk.
+
+        ``full``: one ``torch.save`` file gathered on rank 0 (True), or a sharded folder every rank
+        writes its part of (False); None: the strategy's form (sharded for FSDP, a file otherwise).
+        """
+        if files.META_KEY in state_:
+            raise RingtrainError(f"ring.save got the reserved key {files.META_KEY!r}", "rename that entry.")
+        ACTIVITY.enter("checkpoint")
+        self.flush()
+        if full is None:
+            full = not self.strategy.shards_state
+        if not full:
+            self._save_sharded(path, state_)
+            return
+        meta = self._meta()
+        # On every rank, in the same order: sharded and split models are gathered collectively.
+        payload = {name: self._full_state_of(v) for name, v in state_.items()}
+        payload[files.META_KEY] = meta
+
+        def write() -> None:
+            if os.path.isdir(path) and not os.path.islink(path):
+                raise RingtrainError(f"cannot save the checkpoint file {path!r}: a folder is there",
+                                     "save to another path, or remove the folder (a sharded checkpoint) first.")
+            files.atomic_save(files.to_cpu(payload), path)
+
+        self._agree(write)
+
+    def _sharded_parts(self, state_: dict[str, Any]) -> tuple[dict[str, torch.Tensor], Any, dict[str, str], dict]:
+        """This rank's tensors, and (on every rank) the folder's skeleton — every rank's merged —, kinds and meta."""
+        tree, kinds = self._local_tree(state_)
+        meta = self._meta()
+        tensors, skeleton = sharded.split(tree)
+        return tensors, sharded.merge(self.strategy.gather_object(skeleton)), kinds, meta
+
+    def _save_sharded(self, path: str, state_: dict[str, Any]) -> None:
+        tensors, skeleton, kinds, meta = self._sharded_parts(state_)
+        staging = self._agree(lambda: sharded.staging_folder(path))
+        try:
+            sharded.write_shards(staging, tensors)
+        except Exception as e:
+            raise RingtrainError(f"saving the sharded checkpoint {path!r} failed: {one_line(e)}",
+                                 "check the folder's space and permissions; every rank must see the same folder "
+                                 "(a shared file system across nodes).") from e
+        self._agree(lambda: sharded.finish(staging, path, skeleton, kinds, meta))
+
+    def _agree(self, action: Callable[[], Any]) -> Any:
+        """Run ``action`` on rank 0 and give its result to every rank; a failure raises on every rank,
+        instead of leaving the others waiting."""
+        result, failure = None, None
+        if self.is_main:
+            try:
+                result = action()
+            except RingtrainError as e:
+                failure = str(e)
+            except Exception as e:  # disk full, permissions, unpicklable extra...
+                failure = f"{one_line(e)}\nHINT: check the folder's space and permissions."
+        result, failure = self.strategy.broadcast_object((result, failure))
+        if failure is not None:
+            message, _, hint = failure.partition("\nHINT: ")
+            raise RingtrainError(f"rank 0: {message}", hint or "see the message above.")
+        return result
+
+    def _meta(self) -> dict[str, Any]:
+        """What continuing exactly needs (collective: every rank's RNG state is gathered)."""
+        return {
+            "format": files.FORMAT,
+            "world_size": self.strategy.world_size,
+            "rng": self.strategy.gather_object(rng.capture_rng()),
+            "loaders": [made.state() for made in self.loaders],
+            "epoch": self.epoch(),
+            "optimizer_steps": self.step.optimizer_steps,
+            "step": self.step.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "comm": self.strategy.comm_state(),
+            "fingerprint": self._run_fingerprint(),
+        }
+
+    def _names(self, optimizer: torch.optim.Optimizer) -> tuple[dict[str, nn.Parameter], dict[int, str]]:
+        module = self.module_of(optimizer)
+        params = self.strategy.named_parameters(module) if module is not None else {}
+        return params, state.parameter_names(params)
+
+    def _full_state_of(self, value: Any) -> Any:
+        if isinstance(value, nn.Module):
+            return self.strategy.module_state(value)
+        if isinstance(value, torch.optim.Optimizer):
+            return self.strategy.optimizer_state(value, self.module_of(value))
+        return files.state_of(value)
+
+    def _local_tree(self, state_: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """What this rank holds of each entry (shards stay shards), and each entry's kind."""
+        tree, kinds = {}, {}
+        for name, value in state_.items():
+            if isinstance(value, nn.Module):
+                tree[name], kinds[name] = self.strategy.local_state(value), "module"
+            elif isinstance(value, torch.optim.Optimizer):
+                _, names = self._names(value)
+                tree[name], kinds[name] = state.named_optimizer(value, names), "optimizer"
+            else:  # rank 0's value, kept whole in ringtrain.pt (as in a full file)
+                kinds[name] = "value"
+                tree[name] = sharded.Whole(files.to_cpu(files.state_of(value)))
+        return tree, kinds
+
+    def load(self, path: str, **targets: Any) -> dict[str, Any]:
+        """Load ``path`` (on every rank) into ``targets``; return the other entries, on the ring's device."""
+        ACTIVITY.enter("checkpoint")
+        self.flush()
+        folder = sharded.is_sharded_checkpoint(path)
+        if folder:
+            ckpt, meta = self._read_sharded(path, targets)
+        else:
+            ckpt = files.read(path)  # to the CPU; load_state_dict copies to the parameters' device
+            meta = ckpt.get(files.META_KEY)
+            modules = [name for name, t in targets.items() if isinstance(t, nn.Module)]
+            if meta is None and is_plain_state_dict(ckpt) and len(modules) == 1:
+                ckpt = {modules[0]: ckpt}
+        for name, target in targets.items():
+            if name not in ckpt:
+                raise RingtrainError(
+                    f"the checkpoint {path!r} has no entry {name!r}; it has {sorted(k for k in ckpt if k != files.META_KEY)}",
+                    "use the keyword the checkpoint was saved with, e.g. ring.load(path, model=model).",
+                )
+            if isinstance(target, nn.Module):
+                if folder:  # read as this rank's layout holds it
+                    self.strategy.load_local_state(target, ckpt[name])
+                else:
+                    self.strategy.load_module_state(target, ckpt[name], path)
+            elif isinstance(target, torch.optim.Optimizer):
+                if folder:
+                    params, names = self._names(target)
+                    state.load_named_optimizer(target, ckpt[name], names, params)
+                else:
+                    self.strategy.load_optimizer_state(target, ckpt[name], self.module_of(target))
+                move_optimizer_state(target, self.strategy.device)
+            elif hasattr(target, "load_state_dict"):
+                target.load_state_dict(ckpt[name])
+            else:
+                raise RingtrainError(
+                    f"ring.load got {name}={type(target).__name__}, which has no load_state_dict",
+                    "pass only objects to load into; plain values come back in the returned dict.",
+                )
+        if isinstance(meta, dict):
+            self._restore_meta(meta)
+        return {k: move_to_device(v, self.strategy.device) for k, v in ckpt.items() if k not in targets and k != files.META_KEY}
+
+    def _read_sharded(self, path: str, targets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A sharded folder, each rank reading the pieces its own layout holds."""
+        local = {name: self.strategy.local_state(t) for name, t in targets.items() if isinstance(t, nn.Module)}
+        params = {name: self._names(t)[0] for name, t in targets.items() if isinstance(t, torch.optim.Optimizer)}
+        unexpected: dict[str, list[str]] = {}
+
+        def target_for(key: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+            name, _, rest = key.partition("/")
+            if name in local:
+                mine = local[name].get(rest)
+                if mine is None:
+                    if rest not in self.strategy.state_keys(targets[name]):
+                        unexpected.setdefault(name, []).append(rest)
+                    return None
+                if state.global_shape(mine) != shape:
+                    raise RingtrainError(
+                        f"the checkpoint {path!r} does not fit {type(targets[name]).__name__}: {rest}: checkpoint "
+                        f"{shape} vs model {state.global_shape(mine)}",
+                        "load it into the same model architecture it was saved from (same constructor arguments).")
+                return mine
+            if name in params:
+                _, param_name, key_ = (rest.split("/", 2) + ["", ""])[:3] if rest.startswith("state/") else ("", "", "")
+                param = params[name].get(param_name)
+                if param is None:
+                    return None  # not held here (another stage's), or not this optimizer's
+                if shape == state.global_shape(param) and key_ != "step":
+                    return torch.empty_like(param, dtype=dtype)
+                return torch.empty(shape, dtype=dtype)
+            return None  # a model or optimizer not asked for: not read (values are whole in ringtrain.pt)
+
+        tree, kinds, meta = sharded.load(path, target_for)
+        tree = {k: v for k, v in tree.items() if k in targets or kinds.get(k) == "value"}
+        for name, module in targets.items():
+            if not isinstance(module, nn.Module) or name not in tree:
+                continue
+            missing = sorted(k for k in local[name] if k not in tree[name])
+            if missing or unexpected.get(name):
+                raise RingtrainError(
+                    f"the checkpoint {path!r} does not fit {type(module).__name__}: missing keys: "
+                    f"{', '.join(missing[:8]) or 'none'}; unexpected keys: {', '.join(unexpected.get(name, [])[:8]) or 'none'}",
+                    "load it into the same model architecture it was saved from (same constructor arguments).")
+        return tree, meta
+
+    def _restore_meta(self, meta: dict[str, Any]) -> None:
+        # RNG streams are per rank: restored only when the world has the same size.
+        if meta.get("world_size") == self.strategy.world_size and meta.get("rng"):
+            rng.restore_rng(meta["rng"][self.strategy.rank])
+        self.step.load_state_dict(meta.get("step") or {"optimizer_steps": meta.get("optimizer_steps", 0)})
+        if meta.get("scaler") and self.scaler.is_enabled():
+            self.scaler.load_state_dict(meta["scaler"])
+        self.strategy.load_comm_state(meta.get("comm"))
+        self._loader_states = list(meta.get("loaders") or [])
+        for made, saved in zip(self.loaders, self._loader_states):
+            _resume_loader(made, saved)
+        training = [s for s in self._loader_states if not s.get("exact")]
+        nexts = [s["epoch"] + 1 if s["finished"] else s["epoch"] for s in training]
+        saved_epoch = meta.get("epoch")
+        if nexts:
+            self.resume_epoch = min(nexts)
+        elif saved_epoch is not None:
+            self.resume_epoch = saved_epoch + 1
+
+
+def _resume_loader(made: RingLoader, saved: dict[str, Any]) -> None:
+    if saved["finished"]:
+        made.resume(saved["epoch"] + 1, 0)
+        return
+    now = getattr(made.sampler, "num_replicas", 1)
+    resharded = saved.get("replicas", now) != now
+    made.resume(saved["epoch"], saved["batches"], saved.get("position") if resharded else None)
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Optimizer state tensors to ``device``; the step counters stay where they are (CPU).
+    Sharded state (DTensors) already sits where its parameter's shard is, and stays."""
+    for param_state in optimizer.state.values():
+        for key, value in param_state.items():
+            if isinstance(value, torch.Tensor) and key != "step" and not state.is_sharded(value):
+                param_state[key] = value.to(device)

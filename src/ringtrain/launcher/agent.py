@@ -1,0 +1,199 @@
+"""The job, run through torchrun's elastic agent in this process (``torch.distributed.run``): the command line
+torchrun's own parser gets from a ``Plan``, the store node 0 hosts, the board's seal, ``ringtrain stacks``'
+signal, and what the job's end says (the failure report, the run summary, the merged timeline).
+
+torch is imported inside the functions, not at the top: ``ringtrain run --help`` and argument errors answer
+before torch loads.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from . import torchrun_flags
+from .plan import Plan
+from .ports import TORCHRUN_DEFAULT_PORT
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+
+
+def torchrun_argv(plan: Plan, port: int) -> list[str]:
+    """The command line torchrun's own parser gets, so its defaults and checks all apply.
+
+    It ends with the worker entry point only: the script's arguments never go through
+    torchrun's parser (see ``torchrun_args``).
+    """
+    # rendezvous and waiting import torch (their backends subclass torch's): only once a job starts
+    from .rendezvous import BACKEND
+    from .waiting import ELASTIC
+
+    argv = ["--nnodes", plan.nnodes, "--nproc-per-node", plan.nproc, "--max-restarts", str(plan.max_restarts)]
+    bare = plan.master_addr.strip("[]")
+    host = f"[{bare}]" if ":" in bare else bare  # an IPv6 address goes in brackets
+    if plan.elastic:
+        # Membership by rendezvous (torch/distributed/run.py, "Elastic"); torch's c10d backend is
+        # wrapped so that it says what it waits for (waiting.py). Once MIN nodes are in, c10d
+        # waits last_call_timeout (30 s by default) for more; keep that inside --timeout or every join
+        # would time out. The user's --rdzv-conf wins.
+        last_call = min(30, max(1, plan.timeout // 2))
+        conf = {"join_timeout": plan.timeout, "last_call_timeout": last_call, **plan.rdzv_conf}
+        backend = plan.rdzv_backend or "c10d"
+        argv += ["--rdzv-backend", ELASTIC if backend == "c10d" else backend, "--rdzv-endpoint", f"{host}:{port}",
+                 "--rdzv-id", plan.rdzv_id or f"ringtrain-{port}"]
+    else:
+        # torchrun's static rendezvous (explicit node ranks, node 0 hosts the store, a bounded
+        # wait for the other nodes), but with an empty store for each restart: rendezvous.py.
+        conf = {"timeout": plan.timeout, **plan.rdzv_conf, "rank": plan.node_rank}
+        argv += ["--rdzv-backend", BACKEND, "--rdzv-endpoint", f"{host}:{port}"]
+        if plan.rdzv_id:
+            argv += ["--rdzv-id", plan.rdzv_id]
+    argv += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items())]
+    if plan.log_dir:
+        argv += ["--log-dir", plan.log_dir]
+    argv += torchrun_flags.passthrough_argv(plan.torchrun)
+    return argv + [WORKER]
+
+
+def torchrun_args(plan: Plan, port: int):
+    """torchrun's parsed arguments, with the worker's (and so the script's) arguments set directly.
+
+    Letting torchrun's parser see the script's arguments breaks scripts: argparse resolves
+    abbreviations of its own options even inside the REMAINDER that would swallow them,
+    so a script option such as ``--log`` or ``--master`` stopped plain torchrun with
+    "ambiguous option: --log could match --log-dir, --logs-specs" (argparse classifies
+    every ``--x`` string before it assigns any to the REMAINDER).
+    """
+    import torch.distributed.run as torchrun
+
+    args = torchrun.parse_args(torchrun_argv(plan, port))
+    mode = "exec" if plan.no_python else "module" if plan.module else "path"
+    # worker.py's arguments; this process (the agent) is the workers' parent.
+    args.training_script_args = [*(["--horovod"] if plan.horovod else []), mode, plan.local_rank_arg or "none",
+                                 str(os.getpid()), plan.target, *plan.target_args]
+    return args
+
+
+def _say_plan(plan: Plan, args) -> None:
+    """horovodrun's --verbose: what starts, where the processes meet, the variables set for them."""
+    rendezvous = f"{args.rdzv_backend} at {args.rdzv_endpoint} ({'elastic' if plan.elastic else 'fixed nodes'})"
+    print(f"ringtrain run: node {plan.node_rank} of {plan.nnodes}, {plan.nproc} worker(s) running "
+          f"{' '.join([plan.target, *plan.target_args])}; rendezvous {rendezvous}", file=sys.stderr)
+    for key in sorted({**plan.environment, **({"RINGTRAIN_TIMELINE": plan.timeline} if plan.timeline else {})}):
+        print(f"ringtrain run:   {key}={os.environ[key]}", file=sys.stderr)
+
+
+def execute(plan: Plan) -> int:
+    """Run the job through torchrun's agent in this process; return the exit code."""
+    from ..liveness.seal import SECRET_ENV, job_secret  # what the job needs, loaded once it starts (fast --help)
+
+    # The board's seal (seal.py): the workers inherit the job's secret through the environment only.
+    secret, unsealed = job_secret(multi_node=plan.max_nodes > 1)
+    if unsealed:
+        print(unsealed, file=sys.stderr, flush=True)
+    previous = os.environ.get(SECRET_ENV)
+    if secret is not None:
+        os.environ[SECRET_ENV] = secret  # for the workers, and this agent's own reads of the board
+    try:
+        return _execute(plan)
+    finally:
+        if previous is None:
+            os.environ.pop(SECRET_ENV, None)
+
+
+def _execute(plan: Plan) -> int:
+    # torch is imported here, not at module level: `--help` and argument errors stay fast.
+    import torch.distributed.run as torchrun
+    from torch.distributed import DistError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
+    # ...and ringtrain's side of the job, which needs torch's store and agent
+    from ..liveness.board import job_board
+    from ..liveness.failures import stop_leftover_groups
+    from . import exits, rendezvous, waiting
+    from .ports import host_store, is_loopback, keep_gloo_on_loopback
+    from .report import first_cause, format_child_failure, remove_native_dumps, run_summary
+    from .stacks import StackRequests
+
+    rendezvous.register()
+    waiting.register_elastic()
+    started = time.monotonic()
+    if plan.max_nodes == 1 and not is_loopback(plan.master_addr):
+        print(f"ringtrain run: warning: --master-addr {plan.master_addr} is not a loopback address: this one-node "
+              "job's store (and Gloo) listen on every interface, where any machine that reaches them can read the "
+              "job's keys and connect to its ranks.\nHINT: leave --master-addr out (127.0.0.1) unless another "
+              "node must join; see README.md, \"Security\".", file=sys.stderr, flush=True)
+
+    store = None  # node 0's TCPStore, held open until the job ends
+    port = plan.master_port
+    if not plan.elastic and plan.node_rank == 0:
+        # A single node with no port given gets a free one (port 0); several nodes default to
+        # torchrun's 29500 so that every node computes the same port.
+        wanted = port if port is not None else (0 if plan.max_nodes == 1 else TORCHRUN_DEFAULT_PORT)
+        store, port = host_store(plan.master_addr, wanted, plan.timeout)
+    elif port is None:
+        port = TORCHRUN_DEFAULT_PORT
+    if plan.gpus is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, plan.gpus))
+    if is_loopback(plan.master_addr):
+        # Only this machine can reach a loopback master: every node is here (several with -H
+        # localhost:1,127.0.0.1:1), so Gloo need not listen anywhere else.
+        keep_gloo_on_loopback(os.environ)  # the workers inherit this process's environment
+    if plan.elastic:
+        # c10d's agent shares one TCPStore with the workers of every round, and restarted
+        # workers read the dead round's keys (rendezvous.py; pytorch/pytorch#135712): with
+        # sharing off, each round's workers get a store of their own on a new port.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+
+    if plan.timeline is not None:
+        os.environ["RINGTRAIN_TIMELINE"] = plan.timeline  # a ring (or hvd.init) in each worker records there
+    os.environ.update(plan.environment)  # horovodrun's flags, as the variables it sets
+    args = torchrun_args(plan, port)
+    if plan.verbose:
+        _say_plan(plan, args)
+    # kill -USR1 on this process (ringtrain stacks): every rank prints its stack (stacks.py).
+    requests = StackRequests((plan.master_addr, port), store)
+    requests.install()
+    try:
+        # run(), not main(): main's @record would print torchelastic's own failure summary.
+        torchrun.run(args)
+    except ChildFailedError as e:
+        # A worker killed by a signal had no say: what it started may live on (failures.py).
+        stop_leftover_groups(failure.pid for failure in e.failures.values())
+        # ...nor could it tell the ranks on other machines: this agent does (exits.py).
+        silent = exits.unspoken(e.failures, first_cause(e.failures)[0])
+        board = None
+        if not plan.elastic:  # the last attempt's board: after a restart, in that restart's own store
+            attempt_store, attempt_port = rendezvous.workers_store(store, port)
+            if silent or attempt_store is not None:
+                board = job_board(attempt_store, (plan.master_addr.strip("[]"), attempt_port))
+                exits.tell_job(board, silent)
+        print(format_child_failure(e, plan.node_rank, board if board is not None else job_board(store)),
+              file=sys.stderr, flush=True)
+        if store is not None and plan.max_nodes > 1:
+            exits.hold_store(board, set(e.failures))
+        return 1
+    except SignalException as e:
+        print(f"ringtrain run: stopped by {e.sigval.name}; all workers on this node were stopped.", file=sys.stderr)
+        return 128 + int(e.sigval)
+    except (DistError, RendezvousError) as e:
+        raise waiting.rendezvous_failure(
+            node_rank=plan.node_rank, elastic=plan.elastic, nnodes=plan.nnodes, max_nodes=plan.max_nodes,
+            master_addr=plan.master_addr, port=port, timeout=plan.timeout, error=e,
+            seconds=time.monotonic() - started) from e
+    finally:
+        requests.uninstall()
+        remove_native_dumps()
+        if plan.timeline is not None:
+            from ..tracking.timeline import merge_after_job  # only a --timeline job needs it
+
+            merge_after_job(plan.timeline)  # unless the last worker did; a rank that died has no part
+    final_store = store if plan.elastic else rendezvous.workers_store(store, port)[0]  # after restarts, the last's
+    summary = run_summary(job_board(final_store))
+    if summary:
+        print(summary, file=sys.stderr)
+    del store
+    return 0

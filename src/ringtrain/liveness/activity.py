@@ -1,0 +1,220 @@
+"""What this process's main thread is doing, and where: written by the main thread, read by the watchdog.
+
+The main thread only writes attributes (a phase name and a time, a counter): nothing on the hot
+path touches the store or takes a lock. The watchdog thread reads them, and the main thread's
+Python stack (``sys._current_frames``, documented for tools like this one), at most twice a second.
+There is one per process because a process has one main thread: ``ACTIVITY``.
+
+* ``phase`` — what ringtrain's layers say the loop is in: ``data`` (a ring loader fetching a
+  batch), ``forward`` (the batch is out, before ``ring.backward``), ``backward``, ``optimizer``,
+  ``checkpoint``, ``evaluation`` (an ``exact=True`` loader), ``collective`` (a ring collective);
+* ``current`` / ``calls`` — the ring collective the main thread is in (``all_reduce #8``) and how
+  many it has issued (the sequence number mismatched collectives are told apart by);
+* ``times`` — rolling milliseconds per step: data wait, the synchronising part (backward and the
+  optimizer step: where a rank waits for the others) and the whole step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from collections import deque
+from typing import Iterator
+
+_COLLECTIVE_FILES = (
+    f"{os.sep}torch{os.sep}distributed{os.sep}",
+    f"{os.sep}torch{os.sep}nn{os.sep}parallel{os.sep}distributed.py",
+    f"{os.sep}ringtrain{os.sep}comm{os.sep}",
+    f"{os.sep}ringtrain{os.sep}loop{os.sep}collectives.py",
+    # a sharded checkpoint: DCP's collectives, or waiting for the writer thread's (whose peers may be gone)
+    f"{os.sep}ringtrain{os.sep}checkpoint{os.sep}sharded.py",
+)
+_BACKWARD_FILES = (f"{os.sep}torch{os.sep}autograd{os.sep}",)
+_WRAPPERS = ("wrapper", "inner", "_fn", "decorate_context")  # decorators around torch.distributed's functions
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/ringtrain
+WINDOW = 50  # steps the rolling times cover
+
+
+class StepTimes:
+    """Per-step milliseconds, over the last ``WINDOW`` steps and over the whole run."""
+
+    def __init__(self) -> None:
+        self.recent: dict[str, deque] = {k: deque(maxlen=WINDOW) for k in ("data", "sync", "step")}
+        self.total: dict[str, float] = {"data": 0.0, "sync": 0.0, "step": 0.0}
+        self.steps = 0
+        self._data = self._sync = 0.0
+        self._started: float | None = None
+
+    def add(self, what: str, seconds: float) -> None:
+        if what == "data":
+            self._data += seconds
+        else:
+            self._sync += seconds
+
+    def step_begins(self, now: float) -> None:
+        """A ring loader is about to fetch a batch: the previous step (if any) is complete."""
+        if self._started is not None:
+            for key, value in (("data", self._data), ("sync", self._sync), ("step", now - self._started)):
+                self.recent[key].append(value * 1e3)
+                self.total[key] += value * 1e3
+            self.steps += 1
+        self._started, self._data, self._sync = now, 0.0, 0.0
+
+    def summary(self) -> dict[str, float]:
+        out = {k: (sum(v) / len(v) if v else 0.0) for k, v in self.recent.items()}
+        out.update({f"total_{k}": v for k, v in self.total.items()}, steps=float(self.steps))
+        return out
+
+
+class Activity:
+    """See the module docstring."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.current: str | None = None
+        self.phase = ""
+        self.phase_since = 0.0
+        self.step = 0
+        self.epoch: int | None = None
+        self.times = StepTimes()
+        # True while the main thread waits for work of this rank's own that needs no peer (the end of a sharded
+        # checkpoint: its metadata and the manifest): not a collective, however long it takes.
+        self.alone = False
+        # A timeline.Recorder while a timeline records (timeline.py): it hears every phase change.
+        # None otherwise, and then the hot path pays one `is None` test per change.
+        self.recorder = None
+
+    @contextlib.contextmanager
+    def calling(self, what: str) -> Iterator[None]:
+        self.calls += 1
+        previous, self.current = self.current, f"{what} #{self.calls}"
+        phase, since = self.phase, self.phase_since
+        # Not enter(): a timeline shows the collective inside the phase it interrupts.
+        self.phase, self.phase_since = "collective", time.time()
+        started = self.phase_since
+        try:
+            yield
+        finally:
+            self.current = previous
+            self.phase, self.phase_since = phase, since
+            if self.recorder is not None:
+                self.recorder.collective(what, started)
+
+    @contextlib.contextmanager
+    def working_alone(self) -> Iterator[None]:
+        previous, self.alone = self.alone, True
+        try:
+            yield
+        finally:
+            self.alone = previous
+
+    def enter(self, phase: str) -> None:
+        self.phase, self.phase_since = phase, time.time()
+        if self.recorder is not None:
+            self.recorder.enter(phase, self.phase_since)
+
+    @contextlib.contextmanager
+    def timed(self, phase: str, what: str) -> Iterator[None]:
+        """The block is ``phase`` and counts toward this step's ``what`` (``data`` or ``sync``) time."""
+        self.enter(phase)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times.add(what, time.perf_counter() - start)
+            if self.recorder is not None:
+                self.recorder.leave(phase)
+
+
+ACTIVITY = Activity()
+
+
+def main_frame():
+    return sys._current_frames().get(threading.main_thread().ident)
+
+
+def collective_in_progress(backward_syncs: bool) -> str | None:
+    """What the main thread is blocked in, if it is a collective; else None."""
+    if ACTIVITY.alone:
+        return None
+    frame = main_frame()
+    found = None
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if any(part in filename for part in _COLLECTIVE_FILES):
+            if frame.f_code.co_name not in _WRAPPERS:
+                found = frame.f_code.co_name  # keep the outermost: the call the user made
+        elif backward_syncs and any(part in filename for part in _BACKWARD_FILES):
+            found = "backward (gradient all-reduce)"
+        frame = frame.f_back
+    if found is None:
+        return None
+    return ACTIVITY.current or found
+
+
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    here = _PACKAGE
+    return tuple(os.path.realpath(d) + os.sep for d in (*dirs, here) if d)
+
+
+_LIBRARIES = _library_dirs()
+
+
+def is_user_file(filename: str) -> bool:
+    """A file of the user's program: not Python's, not an installed package's, not ringtrain's."""
+    if filename.startswith("<"):
+        return False
+    real = os.path.realpath(filename)
+    return not real.startswith(_LIBRARIES)
+
+
+def _shown(filename: str) -> str:
+    """A path as a person reads it: relative to the current folder when it is under it."""
+    relative = os.path.relpath(filename)
+    return filename if relative.startswith("..") else relative
+
+
+def user_site(frame=None) -> str | None:
+    """``train.py:40 in main``: the innermost frame of the user's own code on the main thread's stack."""
+    frame = frame if frame is not None else main_frame()
+    while frame is not None:
+        code = frame.f_code
+        if is_user_file(code.co_filename):
+            return f"{_shown(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
+        frame = frame.f_back
+    return None
+
+
+_WORKER = os.path.join(_PACKAGE, "launcher", "worker.py")
+
+
+def _is_machinery(entry: str) -> bool:
+    """A stack entry of what runs the user's script (ringtrain's worker entry, runpy): not theirs to read."""
+    head = entry.lstrip().split("\n", 1)[0]
+    return head.startswith((f'File "{_WORKER}"', 'File "<frozen runpy>"')) or f"{os.sep}runpy.py\"" in head
+
+
+def format_stacks(all_threads: bool = False, limit: int = 40) -> str:
+    """The main thread's Python stack (or every thread's), most recent call last, as a traceback shows it."""
+    frames = sys._current_frames()
+    threads = {t.ident: t for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    me = threading.get_ident()  # the thread asking (the watchdog): not what anyone wants to see
+    idents = [main] + ([i for i in frames if i not in (main, me)] if all_threads else [])
+    parts = []
+    for ident in idents:
+        frame = frames.get(ident)
+        if frame is None:
+            continue
+        thread = threads.get(ident)
+        name = thread.name if thread is not None else f"thread {ident}"
+        lines = [entry for entry in traceback.format_stack(frame) if not _is_machinery(entry)][-limit:]
+        parts.append(f"Thread {name!r} (most recent call last):\n" + "".join(lines).rstrip())
+    return "\n".join(parts)

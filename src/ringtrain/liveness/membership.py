@@ -1,0 +1,334 @@
+"""Fail fast: every rank says when it leaves, and a rank left waiting stops within seconds.
+
+A distributed job fails in the most ordinary way — one rank raises — and the others sit in
+their next collective until the engine's timeout (30 minutes by default), while the failing
+rank's own exit path may wait for them too. This module turns that into a stop in seconds,
+naming the rank that caused it; and a job that is stuck rather than dead, into a report of who
+waits, who has not arrived, and where.
+
+**The board** (board.py): keys in the job's rendezvous store — each rank's hello, its ``Post``
+when it leaves (failed, finished, left), its ``Whereabouts`` while it lives, stack requests and
+answers. **The watchdog** (watchdog.py): a daemon thread per rank, on its own store connection,
+running a list of checks twice a second — a failed peer ends this rank at once; a finished peer
+ends it if it stays blocked in a collective for ``GRACE_S``; a same-host peer whose process is
+gone without a post counts as failed; a collective waited in for ``stall_warning`` seconds is
+reported with every rank's whereabouts and stacks.
+
+**Exit paths never wait on peers.** An uncaught exception is posted as "failed" by a
+``sys.excepthook`` wrapper (the traceback is printed first, as Python would); a collective that
+timed out blames the rank that never arrived, not itself. The rest of the exit — the user's
+atexit handlers, interpreter finalization — is bounded by
+``faulthandler.dump_traceback_later(..., exit=True)``, whose C thread works even while
+finalization holds the GIL: an exit that cannot complete in ``EXIT_BOUND_S`` (an engine thread
+joined while it waits for a peer) prints every thread's stack and ends the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any, Iterator
+
+from ..errors import one_line
+from . import failures, procs, stall
+from .activity import ACTIVITY, collective_in_progress  # noqa: F401  (re-exported: the layers that bump it)
+from .board import Board
+from .records import Blame, Post
+from .watchdog import GRACE_S, POLL_S, STALL_WARNING_S, Watchdog, default_checks, vanished_blame  # noqa: F401
+
+__all__ = [
+    "ACTIVE", "ACTIVITY", "Board", "EXIT_BOUND_S", "GRACE_S", "LAST", "LOST_PEER_WAIT_S", "Membership", "POLL_S",
+    "STALL_WARNING_S", "Watchdog", "bound_exit", "bounded", "collective_in_progress", "explain", 
+    "leave_process", "lost_a_peer", "plain_board", "post_failure", "store_host_lost",
+    "stuck_peer",
+    "timed_out", "vanished_blame",
+]
+
+EXIT_BOUND_S = 10.0  # the most an exit path may take once the process has decided to leave
+LOST_PEER_WAIT_S = 1.0  # how long a rank whose peer's connection closed looks for who it was
+# ... when a peer runs on another host (or in another pid namespace): its death is only known once its
+# node's agent has reaped it and posted it (launcher/exits.py), which takes longer than a pid check.
+REMOTE_PEER_WAIT_S = 5.0
+
+
+# --- exit paths -------------------------------------------------------------------------
+
+def bound_exit(seconds: float = EXIT_BOUND_S) -> None:
+    """From now on, end this process (stacks dumped, exit 1) if it is still running in ``seconds``."""
+    faulthandler.dump_traceback_later(seconds, repeat=False, exit=True)
+
+
+@contextlib.contextmanager
+def bounded(seconds: float = EXIT_BOUND_S) -> Iterator[None]:
+    """Run the block under ``bound_exit``; cancel the bound when it returns."""
+    bound_exit(seconds)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+class Membership:
+    """This process's place on the board, its watchdog and its exit hooks, for one process group."""
+
+    def __init__(self, board: Board, *, backward_syncs: bool, error_file: str | None, watch: bool = True,
+                 stall_warning: float | None = STALL_WARNING_S, stopping: bool = True, note: str | None = None):
+        self.board = board
+        self.error_file = error_file
+        self.watchdog = Watchdog(board, backward_syncs=backward_syncs, error_file=error_file,
+                                 stall_warning=stall_warning, note=note,
+                                 checks=None if stopping else default_checks(stopping=False)) if watch else None
+        self._previous_hook: Any = None
+        self._left = False
+
+    def start(self) -> None:
+        global ACTIVE
+        self.board.hello()
+        if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+            # kill -USR1 <this rank>: its stacks, even while blocked in a collective (plain torchrun too).
+            # Only where nobody handles SIGUSR1 (Slurm's --signal=USR1 requeue handlers keep theirs).
+            with contextlib.suppress(RuntimeError, ValueError):
+                faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+        if self.watchdog is not None:
+            self.watchdog.start()
+        self._previous_hook = sys.excepthook
+        sys.excepthook = self._excepthook
+        ACTIVE = self
+
+    def _excepthook(self, kind: type, value: BaseException, tb: Any) -> None:
+        (self._previous_hook or sys.__excepthook__)(kind, value, tb)
+        if ACTIVE is self and not self._left and not issubclass(kind, KeyboardInterrupt):
+            entry = self.fail(one_line(value), value)
+            # Now, not at exit: a peer stopped by this post may be gone (and this rank SIGTERMed by
+            # torchrun's agent) before this rank's exit path ends; the file is what names it (failures.py).
+            callstack = "".join(traceback.format_exception(kind, value, tb))
+            failures.write_error_file(self.error_file, entry.reason, callstack, entry.to_dict())
+            if entry.blame is not None:
+                # Under srun or plain torchrun nobody else reads the board: say here who caused it.
+                note = self.watchdog.note if self.watchdog is not None and timed_out(value) else None
+                print(f"ringtrain: rank {self.board.rank} stopped because {entry.blame.describe()}; "
+                      "the job cannot go on without it." + (f" Its stack:\n{entry.blame.stack}" if entry.blame.stack
+                                                            else "") + (f"\n{note}" if note else ""),
+                      file=sys.stderr, flush=True)
+            bound_exit()  # the atexit handlers and finalization that follow may not wait on peers
+
+    def fail(self, reason: str, error: BaseException | None = None) -> Post:
+        """Post this rank as failed (its own error, or a consequence of a peer's post) and stop watching."""
+        entry = post_failure(self.board, reason, error)
+        self.leave()
+        return entry
+
+    def finish(self, reason: str) -> Post:
+        """Post this rank as finished (unless it already posted) and stop watching."""
+        if self.watchdog is not None:
+            self.board.publish(self.watchdog.whereabouts())  # its final step times, for the launcher's summary
+        entry = self.board.posted or self.board.post("finished", reason)
+        self.leave()
+        return entry
+
+    def at_exit(self) -> None:
+        """The interpreter is exiting: say so (state "left": the exit code is not known here) and bound the rest."""
+        if self.board.posted is None:
+            self.board.post("left", "process exit")
+        self.leave()
+        bound_exit()
+
+    def leave(self) -> None:
+        global ACTIVE, LAST
+        LAST = self
+        if self._left:
+            return
+        self._left = True
+        if self.watchdog is not None:
+            self.watchdog.halt()
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._previous_hook or sys.__excepthook__
+        if ACTIVE is self:
+            ACTIVE = None
+
+
+ACTIVE: Membership | None = None  # the process group this process is a member of now, if any
+LAST: Membership | None = None  # the membership this process had most recently (kept after it left)
+
+
+def post_failure(board: Board, reason: str, error: BaseException | None = None) -> Post:
+    """Post ``reason`` as this rank's failure: caused by a peer when a peer had posted first, when the
+    engine says a peer went away (its connection closed), or when a collective timed out waiting for a
+    rank that never arrived; then that peer is named if it can be."""
+    first = board.first_peer_post()
+    if first is None and lost_a_peer(error):
+        first = _find_lost_peer(board)
+    if first is not None:
+        return board.post("failed", reason, cause="peer", blame=first.as_blame())
+    if timed_out(error):
+        stuck = stuck_peer(board)
+        if stuck is not None:
+            return board.post("failed", reason, cause="peer", blame=stuck)
+    return board.post("failed", reason, cause="peer" if lost_a_peer(error) else "own")
+
+
+def _find_lost_peer(board: Board, wait_s: float = LOST_PEER_WAIT_S,
+                    remote_wait_s: float = REMOTE_PEER_WAIT_S) -> Post | None:
+    """The peer whose connection closed: its post (its own, or its agent's), or a same-host peer whose
+    process is gone.
+
+    The engine reports a closed connection as soon as the peer's sockets close, which can come
+    a moment before the peer's post lands (or before its process is reaped): look a few times,
+    for at most ``wait_s`` — ``remote_wait_s`` when some peer runs where this rank cannot see its
+    process (another host or pid namespace), whose agent posts its death once it has reaped it.
+    Only this failure path waits, never a healthy rank.
+    """
+    start = time.monotonic()
+    deadline = start + wait_s
+    neighbours = None
+    while True:
+        first = board.first_peer_post()
+        if first is not None:
+            return first
+        if board.lost:  # the store went with the peer: the node that hosts it is gone, and nobody can post
+            blame = store_host_lost()
+            return Post(rank=blame.rank, state="failed", reason=blame.reason, time=time.time(), blame=blame)
+        if neighbours is None:
+            neighbours = board.neighbours()
+            if neighbours is None or len(neighbours) < board.world_size - 1:
+                deadline = start + max(wait_s, remote_wait_s)
+        gone = board.vanished(neighbours) if neighbours else None
+        if gone is not None:
+            blame = vanished_blame(gone)
+            return Post(rank=gone, state=blame.state, reason=blame.reason, time=time.time(), blame=blame)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
+
+
+def store_host_lost() -> Blame:
+    """The blame when a peer's connection and the job's store closed together: the store's host is gone.
+    Rank 0 runs there under ``ringtrain run``, torchrun's static rendezvous, srun and ``rt.launch`` (the
+    rank number is kept for the records; the words name the store, not a rank: under torchrun's c10d
+    rendezvous the store's node need not hold rank 0)."""
+    where = f"at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} " if "MASTER_PORT" in os.environ else ""
+    return Blame(0, "unreachable", f"{where}closed its connections together with a peer: whoever hosts it (node "
+                                   "0's ringtrain run or torchrun; rank 0 itself under srun or a plain env:// start) "
+                                   "is gone: killed, crashed, or its network lost")
+
+
+def stuck_peer(board: Board, wait_s: float = 2.0) -> Blame | None:
+    """The rank this one's timed-out collective waited for: a live rank that is not in a collective (its
+    stack, asked for now), or one that does not answer at all (frozen; its process state where known)."""
+    now = time.time()
+    views = board.whereabouts()
+    me = views.get(board.rank)
+    others = [r for r in range(board.world_size) if r != board.rank]
+    absent = [r for r in others if not (r in views and views[r].waiting and stall.responding(views[r], now))]
+    if not absent:
+        return None
+    number = board.request_stacks()
+    answers = board.answers(number, absent, wait_s) if number else {}
+    waited = f" while rank {board.rank} waited in {me.waiting}" if me is not None and me.waiting else ""
+    for r in absent:
+        view = views.get(r)
+        if r in answers and view is not None:
+            where = view.doing() + (f" at {view.site}" if view.site else "")
+            return Blame(r, "stuck", f"{where}, not in the collective{waited}", answers[r])
+    r = absent[0]
+    hellos = board.hellos()
+    state = ""
+    if r in hellos and hellos[r].get("host") == procs.host_identity():
+        state = f", process {hellos[r]['pid']}: {procs.state(hellos[r]['pid'])}"
+    last = f"; its last word: {views[r].doing()}" if r in views else ""
+    return Blame(r, "not responding", f"it did not answer{state}{last}")
+
+
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+# What the engines say when a collective timed out (Gloo: "Timed out waiting 40000ms for recv
+# operation to complete"; NCCL's watchdog: "Watchdog caught collective operation timeout").
+_TIMED_OUT = ("Timed out waiting", "timed out", "operation timeout", "Timeout")
+
+
+def lost_a_peer(error: BaseException | None) -> bool:
+    """Did ``error`` (or what it was raised from) come from the engine losing a peer's connection?"""
+    return _says(error, _PEER_LOST)
+
+
+def timed_out(error: BaseException | None) -> bool:
+    """Did ``error`` (or what it was raised from) come from a collective that timed out?"""
+    return _says(error, _TIMED_OUT)
+
+
+def _says(error: BaseException | None, texts: tuple[str, ...]) -> bool:
+    seen = 0
+    while error is not None and seen < 10:
+        if any(text in str(error) for text in texts):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+def leave_process(status: int, reason: str, master: tuple[str, int], rank: int, world_size: int,
+                  generation: str, error: BaseException | None = None) -> Post | None:
+    """A launcher's worker entry, when the user's script is over: post how this rank left; return the post.
+
+    A ring (or hvd.init) posts on its own board; a plain torch.distributed script gets a board
+    of its own on the launcher's store, so that peers' reports can name this rank.
+    """
+    member = ACTIVE or LAST
+    if member is not None:
+        posted = member.board.posted
+        if status and not (posted and posted.state == "failed"):
+            return member.fail(reason, error)  # e.g. ring.close() and then sys.exit(3)
+        return member.finish(reason)  # finish() keeps a post the excepthook already made
+    if world_size < 2:
+        return None
+    board = plain_board(master[0], master[1], rank, world_size, generation)
+    if board is None:
+        return None
+    return post_failure(board, reason, error) if status else board.post("finished", reason)
+
+
+def explain() -> str | None:
+    """Why this rank's collective failed, when the board knows: ``rank 1 finished (process exit)``."""
+    if ACTIVE is None:
+        return None
+    first = ACTIVE.board.first_peer_post()
+    if first is None:
+        return None
+    return first.as_blame().describe()
+
+
+def plain_board(master_addr: str, master_port: int, rank: int, world_size: int, generation: str) -> Board | None:
+    """A board for a plain torch.distributed script (no ring): a fresh client of the launcher's store."""
+    if not _listening(master_addr, master_port):
+        return None
+    try:
+        import torch.distributed as dist
+
+        store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=datetime.timedelta(seconds=2),
+                              wait_for_workers=False)
+    except (RuntimeError, OSError, ValueError):
+        return None
+    return Board(store, rank, world_size, generation)
+
+
+def _listening(host: str, port: int, timeout: float = 2.0) -> bool:
+    """Whether anything accepts connections on ``host:port``, asked with one plain connect.
+
+    Nobody may listen there at all: under ``rt.spawn`` a script that formed its group on its own
+    ``tcp://`` port never started a store on MASTER_PORT, and after ``destroy_process_group`` rank 0's
+    store is gone. A TCPStore client retries such a port for its whole timeout, printing a C++
+    trace at each try (80 to 160 lines and seconds at every exit); a refused connect answers at once.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+

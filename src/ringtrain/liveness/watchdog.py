@@ -1,0 +1,334 @@
+"""The watchdog: one daemon thread per rank that looks at the board twice a second and acts.
+
+It runs a list of checks, each one object with one job (docs/architecture.md, principle 13), in order; the
+first that returns a verdict ends the process:
+
+1. ``PeerPosts`` — a peer posted "failed": the job is lost, stop naming the rank that caused it (if
+   that is this rank — a peer timed out waiting for it — this rank is the cause and says where it
+   is); a peer that posted "finished" is remembered;
+2. ``VanishedNeighbour`` — a same-host peer whose process is gone without a post counts as failed;
+3. ``FinishedWhileBlocked`` — a peer finished while this rank stays blocked in a collective for
+   ``grace`` seconds: it will never arrive;
+4. ``Publisher`` — this rank's ``Whereabouts`` (records.py) on the board, at most once a second:
+   step, phase, the collective it waits in, the user's line it is at, its step times;
+5. ``StackAnswers`` — a request for stacks (a stall report, ``kill -USR1`` on the launcher) is
+   answered with this rank's Python stack, read here, not by the main thread, which may be stuck;
+6. ``StallInspector`` — blocked in a collective for ``stall_warning`` seconds: one report for the job
+   (the lowest waiting rank claims it) naming who waits, who has not arrived and where (its stack),
+   who does not answer; again at growing intervals;
+7. ``SlowRanks`` — rank 0: when one rank holds the others back, one line saying which and why, at
+   most once an epoch.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from ..errors import RingtrainError
+from . import failures, procs, stall
+from .activity import ACTIVITY, collective_in_progress, format_stacks, user_site
+from .board import Board
+from .records import Blame, Whereabouts
+
+POLL_S = 0.5  # how often the watchdog reads the board
+GRACE_S = 3.0  # how long a rank may sit in a collective after a peer finished before it is stopped
+STALL_WARNING_S = 60.0  # Horovod's stall inspector's default
+PUBLISH_S = 1.0
+STOPPED_EXIT_CODE = 1
+
+Verdict = tuple[str, dict[str, Any]]
+
+
+def collective_checks_of(value: bool | float, environ: Any = os.environ) -> float | None:
+    """``Ring(debug_collectives=...)``: the checks' timeout in seconds, or None (off); ``False`` defers to the
+    user's ``RINGTRAIN_DEBUG_COLLECTIVES`` switch (anything but ``0``/empty turns them on)."""
+    if value is False and environ.get("RINGTRAIN_DEBUG_COLLECTIVES", "0") not in ("", "0"):
+        value = True
+    return None if value is False else 60.0 if value is True else float(value)
+
+
+def stall_warning_of(value: float | None | str = "default", environ: Any = os.environ) -> float | None:
+    """``Ring(stall_warning=...)``: seconds, or None (never); by default the user's ``RINGTRAIN_STALL_WARNING``
+    (``0`` or ``off``: never), else ``STALL_WARNING_S``."""
+    if value == "default":
+        text = environ.get("RINGTRAIN_STALL_WARNING", "").strip().lower()
+        if not text:
+            return STALL_WARNING_S
+        if text in ("0", "off", "none", "never"):
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            raise RingtrainError(f"RINGTRAIN_STALL_WARNING={text!r} is not a number of seconds",
+                                 "set it to seconds (e.g. 60), or 0 to turn stall reports off.") from None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise RingtrainError(f"Ring got stall_warning={value!r}",
+                             "give the seconds a rank may wait in a collective before the stall report (e.g. 60), "
+                             "or None for no report.")
+    return float(value)
+
+
+def vanished_blame(rank: int) -> Blame:
+    return Blame(rank, "failed", "its process ended without a word (killed by a signal?)")
+
+
+class Check(abc.ABC):
+    """One thing the watchdog looks at; ``look`` returns a verdict when this rank must stop."""
+
+    @abc.abstractmethod
+    def look(self, dog: "Watchdog") -> Verdict | None:
+        """Look once (every poll); None: nothing that ends this rank."""
+
+
+class PeerPosts(Check):
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def look(self, dog: "Watchdog") -> Verdict | None:
+        try:
+            count = dog.board.count()
+        except (RuntimeError, OSError):
+            # The store is gone: whoever hosted it (rank 0 without a launcher) has left.
+            dog.finished = dog.finished or Blame(0, "left", "the job's rendezvous store closed")
+            return None
+        if count <= self.seen:
+            return None
+        self.seen = count
+        for rank, entry in sorted(dog.board.read().items(), key=lambda kv: kv[1].time):
+            if rank == dog.board.rank:
+                continue
+            if entry.state == "failed":  # the job is lost: blame the rank that caused it
+                blame = entry.as_blame()
+                if blame.rank == dog.board.rank:
+                    return dog.own_verdict(blame, entry)
+                return dog.verdict(blame, None)
+            dog.finished = dog.finished or entry.as_blame()
+        return None
+
+
+class VanishedNeighbour(Check):
+    def __init__(self) -> None:
+        self.neighbours: dict[int, int] | None = None  # same-host peers: rank -> pid
+
+    def look(self, dog: "Watchdog") -> Verdict | None:
+        if self.neighbours is None:
+            self.neighbours = dog.board.neighbours()
+            if self.neighbours is None:
+                return None
+        gone = dog.board.vanished(self.neighbours)
+        return dog.verdict(vanished_blame(gone), None) if gone is not None else None
+
+
+class FinishedWhileBlocked(Check):
+    def look(self, dog: "Watchdog") -> Verdict | None:
+        if dog.finished is None or dog.blocked is None or dog.blocked_for() < dog.grace:
+            return None
+        return dog.verdict(dog.finished, dog.blocked)
+
+
+class Publisher(Check):
+    def __init__(self) -> None:
+        self.last = 0.0
+
+    def look(self, dog: "Watchdog") -> None:
+        if dog.now - self.last < PUBLISH_S:
+            return None
+        self.last = dog.now
+        dog.board.publish(dog.whereabouts())
+        return None
+
+
+class StackAnswers(Check):
+    def __init__(self) -> None:
+        self.answered: int | None = None
+
+    def look(self, dog: "Watchdog") -> None:
+        try:
+            newest = dog.board.stack_requests()
+        except (RuntimeError, OSError):
+            return None
+        if self.answered is None:
+            self.answered = newest  # requests from before this rank joined are not for it
+            return None
+        if newest <= self.answered:
+            return None
+        for number in range(self.answered + 1, newest + 1):
+            kind = dog.board.request_kind(number)
+            text = format_stacks(all_threads=kind == "all")
+            dog.board.answer(number, text)
+            if kind == "all":  # kill -USR1 / ringtrain stacks: every rank prints its own, prefixed
+                print("\n".join(f"[rank {dog.board.rank}] {line}" for line in
+                                [f"ringtrain: stacks of rank {dog.board.rank} (pid {os.getpid()}):", *text.splitlines()]),
+                      file=sys.stderr, flush=True)
+        self.answered = newest
+        return None
+
+
+class StallInspector(Check):
+    def __init__(self) -> None:
+        self.reports = 0  # reports made in the current stall
+        self.next_at: float | None = None
+
+    def look(self, dog: "Watchdog") -> None:
+        if dog.blocked is None or dog.stall_warning is None:
+            self.reports, self.next_at = 0, None
+            return None
+        waited = dog.blocked_for()
+        due = dog.stall_warning * (2 ** (self.reports + 1) - 1)  # 60, 180, 420 ... s: growing intervals
+        if waited < due:
+            return None
+        self.reports += 1
+        views = dog.board.whereabouts()
+        waiting_long = [r for r, v in views.items() if v.waiting and v.waiting_since
+                        and time.time() - v.waiting_since >= dog.stall_warning and stall.responding(v, time.time())]
+        if waiting_long and min(waiting_long) != dog.board.rank:
+            return None  # the lowest waiting rank reports
+        start = min((views[r].waiting_since for r in waiting_long), default=time.time() - waited)
+        if not dog.board.claim(f"{int(start)}/{self.reports}"):
+            return None
+        others = [r for r in range(dog.board.world_size) if r != dog.board.rank
+                  and not (r in views and views[r].waiting and stall.responding(views[r], time.time()))]
+        number = dog.board.request_stacks() if others else 0
+        stacks = dog.board.answers(number, others, 2.0) if number else {}
+        views = dog.board.whereabouts()  # fresher, now that the others answered
+        states = dog.states_of([r for r in others if r not in stacks])
+        next_in = dog.stall_warning * 2 ** self.reports
+        report = stall.stall_report(dog.board.rank, dog.board.world_size, views, stacks, states, next_in,
+                                    hellos=dog.board.hellos_so_far())
+        print(report + (f"\n{dog.note}" if dog.note else ""), file=sys.stderr, flush=True)
+        return None
+
+
+class SlowRanks(Check):
+    EVERY_S = 5.0
+
+    def __init__(self) -> None:
+        self.last = 0.0
+        self.said_in_epoch: set[Any] = set()
+
+    def look(self, dog: "Watchdog") -> None:
+        if dog.board.rank != 0 or dog.now - self.last < self.EVERY_S:
+            return None
+        self.last = dog.now
+        epoch = ACTIVITY.epoch
+        if epoch in self.said_in_epoch:
+            return None
+        found = stall.bottleneck(dog.board.whereabouts())
+        if found is not None:
+            self.said_in_epoch.add(epoch)
+            print(found[1], file=sys.stderr, flush=True)
+        return None
+
+
+def default_checks(stopping: bool = True) -> list[Check]:
+    """Every check; ``stopping=False`` keeps only those that observe (a plain script: no fail fast here)."""
+    observe: list[Check] = [Publisher(), StackAnswers(), StallInspector()]
+    if not stopping:
+        return observe
+    return [PeerPosts(), VanishedNeighbour(), FinishedWhileBlocked(), *observe, SlowRanks()]
+
+
+class Watchdog(threading.Thread):
+    """See the module docstring. ``stop`` is what ends the process (tests pass their own)."""
+
+    def __init__(self, board: Board, *, backward_syncs: bool, error_file: str | None,
+                 interval: float = POLL_S, grace: float = GRACE_S, stall_warning: float | None = STALL_WARNING_S,
+                 stop: Callable[[str, dict[str, Any]], None] | None = None, checks: list[Check] | None = None,
+                 note: str | None = None):
+        super().__init__(name="ringtrain-watchdog", daemon=True)
+        self.note = note  # a line stall reports end with (NCCL's flight recorder: flight.py)
+        self.board = board.clone()
+        self.backward_syncs = backward_syncs
+        self.error_file = error_file
+        self.interval, self.grace, self.stall_warning = interval, grace, stall_warning
+        self.checks = default_checks() if checks is None else checks
+        self._stop_process = stop or self._end_process
+        self._halt = threading.Event()
+        self.finished: Blame | None = None  # a peer that left cleanly
+        self.blocked: str | None = None  # the collective the main thread is in, this round
+        self._blocked_since: float | None = None  # monotonic
+        self._blocked_wall: float | None = None
+        self.now = 0.0
+        self._host, self._hostname = procs.host_identity(), socket.gethostname()
+
+    def halt(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        while not self._halt.wait(self.interval):
+            verdict = self.check()
+            if verdict is not None and not self._halt.is_set():
+                self._stop_process(*verdict)
+                return
+
+    def check(self) -> Verdict | None:
+        """One round: every check in order; (message, error-file info) when this rank must stop."""
+        self.now = time.monotonic()
+        self.blocked = collective_in_progress(self.backward_syncs)
+        if self.blocked is None:
+            self._blocked_since = self._blocked_wall = None
+        elif self._blocked_since is None:
+            self._blocked_since, self._blocked_wall = self.now, time.time()
+        for check in self.checks:
+            verdict = check.look(self)
+            if verdict is not None:
+                return verdict
+        return None
+
+    def blocked_for(self) -> float:
+        return 0.0 if self._blocked_since is None else self.now - self._blocked_since
+
+    def whereabouts(self) -> Whereabouts:
+        return Whereabouts(
+            rank=self.board.rank, pid=os.getpid(), host=self._host, hostname=self._hostname, beat=time.time(),
+            step=ACTIVITY.step, epoch=ACTIVITY.epoch, phase=ACTIVITY.phase, phase_since=ACTIVITY.phase_since,
+            waiting=self.blocked, waiting_since=self._blocked_wall, seq=ACTIVITY.calls, site=user_site(),
+            times=ACTIVITY.times.summary())
+
+    def states_of(self, ranks: list[int]) -> dict[int, str]:
+        """The process state of ``ranks`` that live on this host (stopped, running...), from /proc."""
+        hellos = self.board.hellos()
+        return {r: procs.state(hellos[r]["pid"]) for r in ranks
+                if r in hellos and hellos[r].get("host") == self._host}
+
+    # --- verdicts -------------------------------------------------------------------------------
+    def verdict(self, blame: Blame, during: str | None) -> Verdict:
+        me = self.board.rank
+        what = blame.describe()
+        message = f"{what} while rank {me} called {during}" if during else f"{what}; the job cannot go on without it"
+        post = self.board.post("failed", f"stopped: {message}", cause="peer", blame=blame, during=during)
+        return f"ringtrain: rank {me} stops: {message}.", post.to_dict()
+
+    def own_verdict(self, blame: Blame, by: Any) -> Verdict:
+        """A peer timed out waiting for this rank: this rank is the cause; say where it is, and end."""
+        me = self.board.rank
+        stack = format_stacks()
+        reason = f"{blame.state}: {blame.reason}"
+        post = self.board.post("failed", reason, cause="own")
+        info = post.to_dict()
+        info["stack"] = stack
+        message = (f"ringtrain: rank {me} stops: rank {by.rank} gave up waiting for it ({by.reason}); rank {me} "
+                   f"was {blame.reason}. Its stack:\n{stack}")
+        return message, info
+
+    def _end_process(self, message: str, info: dict[str, Any]) -> None:
+        print(message, file=sys.stderr, flush=True)
+        line = message.removeprefix("ringtrain: ").splitlines()[0]
+        failures.write_error_file(self.error_file, line, info.get("stack") or line, info)  # torchrun shows the 2nd
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        recorder = ACTIVITY.recorder
+        if recorder is not None:  # a timeline's part, up to here (the merge is left to whoever outlives us)
+            with contextlib.suppress(Exception):
+                recorder.close(merge=False)
+        failures.stop_own_processes()
+        os._exit(STOPPED_EXIT_CODE)

@@ -1,0 +1,119 @@
+"""Where the training loop is: the accumulation window, the optimizer steps taken, what is due.
+
+``Step`` is the one object that holds the loop's counters, and its methods are the only
+writers: the Ring advances the window (``next_backward``), the gated optimizer reports a
+real step (``stepped``) or asks whether the window was dropped (``take_drop``), a
+checkpoint reads and restores it (``state_dict`` / ``load_state_dict``). The Ring asks it
+whether a periodic save is due and decides when to write it (between two batches, where
+everything of the last step — scheduler and zero_grad included — is done).
+
+With ``Ring(accumulate=k)`` a *window* is k micro-batches whose gradients add up before one
+optimizer step. Epoch ends are *flushed*: when a ring loader is on its last batches, the
+window shrinks to what is left (and the loss is divided by that smaller count), so an epoch
+of n micro-batches always ends with a step, no gradient leaks into the next epoch, and a
+short window equals one batch of its samples. Loaders not made by the ring carry the window
+over instead (the ring cannot see their end).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import RingtrainError
+
+
+class Step:
+    """The loop's position: inside the accumulation window, and in optimizer steps."""
+
+    def __init__(self, k: int, save_every: int | None = None):
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise RingtrainError(f"Ring got accumulate={k!r}", "accumulate is a number of micro-batches: 1 or more.")
+        self.k = k
+        self.save_every = save_every
+        self.micro = 0  # micro-batches already in the current window
+        self.window = k
+        self.sync_now = True  # did the last backward end a window?
+        self.just_stepped = False  # was the optimizer stepped since the last backward?
+        self.optimizer_steps = 0
+        self.skipped_steps = 0  # windows dropped for a non-finite loss (nonfinite="skip")
+        self.save_due = False
+        self._drop_window = False
+        self._lrs: list[float] | None = None
+        self._new_window_hooks: list[Any] = []
+
+    # --- the window -------------------------------------------------------------------------
+    def boundary_ahead(self, remaining: int | None) -> bool:
+        """Will the coming backward end the window? Decided before the forward, because
+        DDP reads its ``no_sync`` flag in forward (DistributedDataParallel.forward →
+        reducer.prepare_for_backward), not in backward."""
+        if self.micro == 0:
+            self.window = max(1, min(self.k, remaining)) if remaining is not None else self.k
+        return self.micro + 1 >= self.window
+
+    def on_new_window(self, hook: Any) -> None:
+        """Call ``hook()`` when a window's first backward begins (the fp16 scaler's deferred update)."""
+        self._new_window_hooks.append(hook)
+
+    def next_backward(self, remaining: int | None) -> tuple[int, bool]:
+        """Advance one micro-step; return (loss divisor, is this the boundary)."""
+        if self.micro == 0:
+            for hook in self._new_window_hooks:
+                hook()
+        boundary = self.boundary_ahead(remaining)
+        divisor = self.window
+        self.micro = 0 if boundary else self.micro + 1
+        self.sync_now = boundary
+        self.just_stepped = False
+        return divisor, boundary
+
+    def check_lr(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        """A scheduler stepped inside a window would run k times too fast: make that loud."""
+        if self.k == 1:
+            return
+        lrs = [float(g["lr"]) for opt in optimizers for g in opt.param_groups if "lr" in g]
+        if self.micro == 0 or self._lrs is None:
+            self._lrs = lrs
+        elif lrs != self._lrs:
+            raise RingtrainError(
+                f"the learning rate changed in the middle of an accumulation window (accumulate={self.k}): "
+                "an LR scheduler is stepping every micro-batch, so its schedule would run "
+                f"{self.k}x too fast",
+                "pass the scheduler through ring.setup(model, optimizer, scheduler) — it then steps only on "
+                "accumulation boundaries — or step it once per epoch.",
+            )
+
+    # --- what the optimizer did -----------------------------------------------------------------
+    def drop(self) -> None:
+        """This window saw a non-finite loss (``nonfinite="skip"``): its optimizer step is dropped."""
+        self._drop_window = True
+
+    def take_drop(self) -> bool:
+        """The gated optimizer asks before stepping: True (and counted) when the window was dropped."""
+        if not self._drop_window:
+            return False
+        self._drop_window = False
+        self.skipped_steps += 1
+        return True
+
+    def stepped(self) -> None:
+        """The optimizer took a real step; a periodic save becomes due every ``save_every`` steps."""
+        self.optimizer_steps += 1
+        self.just_stepped = True
+        if self.save_every and self.optimizer_steps % self.save_every == 0:
+            self.save_due = True
+
+    def saved(self) -> None:
+        self.save_due = False
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, int]:
+        return {"optimizer_steps": self.optimizer_steps, "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint (taken between windows: the window starts afresh)."""
+        self.optimizer_steps = int(state.get("optimizer_steps", 0))
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.micro, self.sync_now, self.just_stepped, self.save_due = 0, True, False, False
+        self._drop_window = False

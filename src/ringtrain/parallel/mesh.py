@@ -1,0 +1,91 @@
+"""One device mesh per job: where every parallelism takes its ranks.
+
+A strategy describes its layout as named dimensions, outermost first, and the job's ranks
+fill them in row-major order (torchtitan's ``ParallelDims``; Megatron-LM's rank order):
+
+    DDP, Horovod            ("dp_replicate", W)
+    FSDP                    ("dp_shard", W)
+    FSDP(replicate=k)       ("dp_replicate", k), ("dp_shard", W/k)      HSDP: shard within a group, replicate across
+    Pipeline(stages=S)      ("pp", S), then its data strategy's dimensions over W/S
+
+``Layout`` is that description and its arithmetic (which data shard a rank reads); ``build``
+turns it into torch's ``DeviceMesh`` (``init_device_mesh``), whose sub-meshes
+(``mesh["dp_shard"]``) carry the process groups each parallelism runs on. Nothing else in
+ringtrain computes a rank layout by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import RingtrainError
+
+PP, DP_REPLICATE, DP_SHARD = "pp", "dp_replicate", "dp_shard"
+DATA_DIMS = (DP_REPLICATE, DP_SHARD)  # the dimensions the data is sharded over
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Named mesh dimensions, outermost first: ``Layout((("pp", 2), ("dp_shard", 2)))``."""
+
+    dims: tuple[tuple[str, int], ...]
+
+    def __post_init__(self) -> None:
+        names = [name for name, _ in self.dims]
+        if len(set(names)) != len(names) or any(size < 1 for _, size in self.dims):
+            raise RingtrainError(f"a device mesh got dimensions {self.dims}", "give each dimension one unique name "
+                                 "and a positive size.")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.dims)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(size for _, size in self.dims)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def dim(self, name: str) -> int:
+        return dict(self.dims).get(name, 1)
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Rank ``rank``'s index along each dimension (row-major: the last dimension varies fastest)."""
+        out = {}
+        for name, size in reversed(self.dims):
+            rank, out[name] = divmod(rank, size)
+        return {name: out[name] for name in self.names}
+
+    def data_parallel_size(self) -> int:
+        """How many different shards of the data the job reads."""
+        return math.prod(size for name, size in self.dims if name in DATA_DIMS)
+
+    def data_parallel_rank(self, rank: int) -> int:
+        """Which shard ``rank`` reads: its index over the data dimensions, row-major."""
+        where, index = self.coordinates(rank), 0
+        for name, size in self.dims:
+            if name in DATA_DIMS:
+                index = index * size + where[name]
+        return index
+
+    def __str__(self) -> str:
+        return " x ".join(f"{name}={size}" for name, size in self.dims)
+
+
+def data_layout(world: int, replicate: int = 1, shard: bool = False) -> tuple[tuple[str, int], ...]:
+    """The data dimensions over ``world`` ranks: replicated (DDP), sharded (FSDP), or HSDP (both)."""
+    if not shard:
+        return ((DP_REPLICATE, world),)
+    if replicate == 1:
+        return ((DP_SHARD, world),)
+    return ((DP_REPLICATE, replicate), (DP_SHARD, world // replicate))
+
+
+def build(layout: Layout, device_type: str):
+    """torch's ``DeviceMesh`` for ``layout`` on the job's default process group (collective: every rank calls it)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, layout.shape, mesh_dim_names=layout.names)

@@ -1,0 +1,87 @@
+"""Helpers shared by the launcher tests: run the real CLI in a subprocess, on loopback only."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import ringtrain
+
+# The ringtrain these tests imported; children must run the same one, installed or not.
+RINGTRAIN_SRC = str(Path(ringtrain.__file__).resolve().parents[1])
+HELPERS = str(Path(__file__).resolve().parent)  # tests/helpers: the job modules a child imports by name
+
+
+def _loopback_interface() -> str | None:
+    names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+def child_env(*pythonpath: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*pythonpath, HELPERS, RINGTRAIN_SRC, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    # Keep Gloo's connections on loopback whatever the hostname resolves to.
+    lo = _loopback_interface()
+    if lo:
+        env["GLOO_SOCKET_IFNAME"] = lo
+    env["OMP_NUM_THREADS"] = "1"  # two cores: no oversubscription, and no torchrun banner
+    env.update(extra)
+    return env
+
+
+def ringtrain_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ringtrain", *args]
+
+
+def run_ringtrain(*args: str, timeout: float = 90, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ringtrain_cmd(*args), capture_output=True, text=True, timeout=timeout,
+        env=env or child_env(), cwd=cwd,
+    )
+
+
+def free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]
+
+
+def write(path: Path, source: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def results(stdout: str) -> list[dict[str, str]]:
+    """Parse the `RESULT key=value ...` lines the worker scripts print, sorted by rank.
+
+    Workers share the launcher's stdout; each writes its line with one write() call so
+    lines do not interleave (print() writes the text and the newline separately).
+    """
+    rows = [dict(kv.split("=", 1) for kv in line.split()[1:]) for line in stdout.splitlines() if line.startswith("RESULT ")]
+    return sorted(rows, key=lambda r: int(r["rank"]))
+
+
+def outputs(proc: subprocess.CompletedProcess) -> str:
+    return f"--- exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+
+
+# A plain torch.distributed script: init from the environment, all_reduce, report.
+ALLREDUCE = r"""
+    import argparse, os, sys
+    import torch
+    import torch.distributed as dist
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--foo", type=int)
+    args = parser.parse_args()  # strict: an unexpected --local-rank would kill it
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    sys.stdout.write(f"RESULT rank={dist.get_rank()} world={dist.get_world_size()} local={os.environ['LOCAL_RANK']} "
+                     f"sum={t.item()} foo={args.foo} path0={sys.path[0]}\n")
+    dist.destroy_process_group()
+"""

@@ -1,0 +1,234 @@
+"""The liveness board and watchdog, piece by piece, on a real (in-process) store.
+
+End-to-end behaviour — real jobs where one rank leaves — is in tests/launcher/test_launch_failfast.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import namedtuple
+
+import pytest
+import torch.distributed as dist
+
+from ringtrain.liveness import failures, membership as liveness, procs
+from ringtrain.launcher.report import first_cause
+from ringtrain.liveness.records import Blame
+
+
+def boards(world_size: int = 2, generation: str = "0-0") -> list[liveness.Board]:
+    store = dist.HashStore()
+    return [liveness.Board(store, rank, world_size, generation) for rank in range(world_size)]
+
+
+def test_posts_are_read_back_by_every_rank_and_counted():
+    b0, b1 = boards()
+    assert b0.count() == 0 and b0.read() == {}
+    b1.post("failed", "ValueError: boom")
+    assert b0.count() == 1
+    post = b0.read()[1]
+    assert (post.rank, post.state, post.reason, post.cause) == (1, "failed", "ValueError: boom", "own")
+    assert b0.first_peer_post().rank == 1 and b1.first_peer_post() is None
+
+
+def test_generations_do_not_see_each_other():
+    store = dist.HashStore()
+    old, new = liveness.Board(store, 1, 2, "0-0"), liveness.Board(store, 0, 2, "1-0")
+    old.post("failed", "the dead attempt's failure")
+    assert new.count() == 0 and new.read() == {}
+
+
+def test_a_failure_after_a_peer_posted_is_blamed_on_that_peer():
+    b0, b1 = boards()
+    b1.post("finished", "process exit")
+    entry = liveness.post_failure(b0, "RingtrainError: all_reduce failed")
+    assert entry.cause == "peer"
+    assert entry.blame == Blame(1, "finished", "process exit")
+
+
+def test_an_engine_error_about_a_lost_connection_is_not_the_rank_s_own_fault():
+    try:
+        try:
+            raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1234")
+        except RuntimeError as e:
+            raise ValueError("all_reduce failed") from e
+    except ValueError as e:
+        error = e
+    assert liveness.lost_a_peer(error)
+    assert not liveness.lost_a_peer(ValueError("a bug of its own"))
+    b0, _ = boards()
+    assert liveness.post_failure(b0, "ValueError", error).cause == "peer"
+
+
+def test_a_lost_connection_names_the_neighbour_that_vanished_and_waits_only_that_long():
+    # srun or plain torchrun: nobody reads the board but the rank itself, which must say who it was.
+    lost = RuntimeError("[pair.cc:537] Read error [127.0.0.1]:15744: Connection reset by peer")
+    b0, b1 = boards()
+    b0.hello()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    b1.store.set("hello/1", f'{{"pid": {child.pid}, "host": "{procs.host_identity()}"}}')
+    entry = liveness.post_failure(b0, "RuntimeError: Read error", lost)
+    assert entry.cause == "peer"
+    assert entry.blame == liveness.vanished_blame(1)
+    # Nobody to name (the peer lives on and posted nothing): a bounded look, then "peer", unnamed.
+    b0, b1 = boards()
+    b0.hello()
+    b1.hello()  # this very process: alive
+    start = time.monotonic()
+    entry = liveness.post_failure(b0, "RuntimeError: Read error", lost)
+    assert entry.cause == "peer" and entry.blame is None
+    assert time.monotonic() - start < liveness.LOST_PEER_WAIT_S + 1.0
+    # An error of its own waits for nothing.
+    b0, _ = boards()
+    start = time.monotonic()
+    assert liveness.post_failure(b0, "ValueError: bug", ValueError("a bug of its own")).cause == "own"
+    assert time.monotonic() - start < 0.5
+
+
+def test_a_store_whose_host_is_gone_is_asked_no_more_and_named(monkeypatch):
+    import gc
+
+    from ringtrain.liveness.board import StoreLost
+    from ringtrain.liveness.seal import Seal
+
+    timeout = datetime.timedelta(seconds=5)
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+    client = dist.TCPStore("127.0.0.1", master.port, is_master=False, wait_for_workers=False, timeout=timeout)
+    board = liveness.Board(client, 1, 2, "0-0", Seal("k"))
+    watcher = board.clone()  # the watchdog's connection
+    board.hello()
+    assert not board.lost and board.hellos_so_far().keys() == {1}
+    del master  # the store's host goes (its node was killed)
+    gc.collect()
+    assert board.read() == {} and board.lost and watcher.lost  # one failed call, seen by every connection
+    start = time.monotonic()
+    with pytest.raises(StoreLost):
+        watcher.count()  # not asked: no C++ warning, no wait
+    assert time.monotonic() - start < 0.1
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    lost = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1234")
+    entry = liveness.post_failure(board, "RuntimeError: Connection closed", lost)
+    assert entry.cause == "peer" and entry.blame.state == "unreachable"
+    assert entry.blame.describe().startswith("the job's store at 127.0.0.1:29500 closed its connections")
+
+
+# --- the watchdog's verdicts ------------------------------------------------------------
+
+def watchdog(board: liveness.Board, **kwargs) -> liveness.Watchdog:
+    # check() is called directly (the thread is not started); stop is never reached here.
+    return liveness.Watchdog(board, backward_syncs=True, error_file=None, grace=0.3, **kwargs)
+
+
+def test_a_failed_peer_stops_this_rank_at_once_naming_it():
+    b0, b1 = boards()
+    dog = watchdog(b0)
+    assert dog.check() is None
+    b1.post("failed", "ValueError: boom")
+    message, info = dog.check()
+    assert message == "ringtrain: rank 0 stops: rank 1 failed (ValueError: boom); the job cannot go on without it."
+    assert info["cause"] == "peer" and info["blame"]["rank"] == 1
+    assert b1.read()[0].state == "failed"  # rank 0's own post says it stopped because of rank 1
+
+
+# A frame whose file looks like torch.distributed: what the main thread shows while in a collective.
+_IN_COLLECTIVE = compile("def all_reduce(event):\n    event.wait(10)\n", f"{os.sep}x{os.sep}torch{os.sep}distributed{os.sep}fake.py", "exec")
+
+
+def _main_thread_in_collective(event: threading.Event) -> None:
+    namespace: dict = {}
+    exec(_IN_COLLECTIVE, namespace)
+    namespace["all_reduce"](event)
+
+
+def test_a_finished_peer_stops_this_rank_only_while_it_waits_in_a_collective():
+    b0, b1 = boards()
+    dog = watchdog(b0)
+    b1.post("finished", "process exit")
+    assert dog.check() is None  # the main thread (this test) is not in a collective: fine to go on
+    verdicts = []
+    release = threading.Event()
+
+    def look() -> None:  # the watchdog's view, from another thread, while the main thread waits
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not verdicts:
+            verdict = dog.check()
+            if verdict:
+                verdicts.append(verdict)
+            time.sleep(0.05)
+        release.set()
+
+    looker = threading.Thread(target=look)
+    looker.start()
+    _main_thread_in_collective(release)
+    looker.join()
+    assert verdicts, "the watchdog never stopped a rank blocked in a collective after its peer finished"
+    message, info = verdicts[0]
+    assert message == "ringtrain: rank 0 stops: rank 1 finished (process exit) while rank 0 called all_reduce."
+    assert info["during"] == "all_reduce"
+
+
+def test_a_neighbour_that_vanished_without_a_word_counts_as_failed():
+    b0, b1 = boards()
+    b0.hello()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    b1.store.set("hello/1", f'{{"pid": {child.pid}, "host": "{procs.host_identity()}"}}')
+    message, info = watchdog(b0).check()
+    assert "rank 1 failed (its process ended without a word" in message
+    # the same pid on another host (or pid namespace) says nothing about this one
+    b0b, b1b = boards()
+    b0b.hello()
+    b1b.store.set("hello/1", f'{{"pid": {child.pid}, "host": "elsewhere"}}')
+    assert watchdog(b0b).check() is None
+
+
+def test_pid_gone_sees_exited_and_zombie_processes():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while not procs.ended(child.pid) and time.monotonic() < deadline:  # a zombie until reaped
+        time.sleep(0.05)
+    assert procs.ended(child.pid)
+    child.wait()
+    assert procs.ended(child.pid)
+    assert not procs.ended(os.getpid())
+
+
+def test_a_store_that_went_away_counts_as_its_host_leaving():
+    # Without a launcher, rank 0's process hosts the store: when it ends, the store ends with it.
+    host = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", host.port, is_master=False, timeout=datetime.timedelta(seconds=2))
+    dog = watchdog(liveness.Board(client, 1, 2, "0-0"))
+    assert dog.check() is None
+    del host  # the server stops
+    assert dog.check() is None  # not in a collective: nothing to stop yet
+    assert dog.finished.reason == "the job's rendezvous store closed"
+
+
+# --- the launcher's report: who caused it ---------------------------------------------------
+
+Failure = namedtuple("Failure", "exitcode message local_rank pid")
+
+
+def record(time_: float, cause: str, blame: dict | None = None) -> dict:
+    return {"message": "x", "extraInfo": {failures.INFO_KEY: {"time": time_, "cause": cause, "blame": blame}}}
+
+
+def test_first_cause_prefers_own_failures_then_signals_then_peers():
+    blamed = {"rank": 1, "state": "finished", "reason": "process exit"}
+    # rank 0 stopped earlier (seconds-resolution torchrun would pick it), but because of rank 1
+    rank, _, blame = first_cause({0: Failure(1, record(10.0, "peer", blamed), 0, 1),
+                                  1: Failure(3, record(10.4, "own"), 1, 2)})
+    assert (rank, blame) == (1, None)
+    # a SIGKILLed rank left no word: it comes before a rank that lost its connection to it
+    rank, _, _ = first_cause({0: Failure(1, record(10.0, "peer"), 0, 1), 1: Failure(-9, None, 1, 2)})
+    assert rank == 1
+    # ... but not the agent's own SIGTERM to the rest
+    rank, _, blame = first_cause({0: Failure(1, record(10.0, "peer", blamed), 0, 1), 1: Failure(-15, None, 1, 2)})
+    assert (rank, blame) == (0, Blame(1, "finished", "process exit"))

@@ -1,0 +1,178 @@
+"""The timeline (issue 20): every rank's lane, each gradient bucket's all-reduce once per step, the
+phases, the picture; Ring(timeline=), ringtrain run --timeline, hvd.start_timeline; bad folders."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter, defaultdict
+
+import pytest
+
+from _launch_util import child_env, outputs, run_ringtrain, write  # noqa: E402
+
+import _timeline_jobs as jobs  # noqa: E402
+import ringtrain as rt  # noqa: E402
+from ringtrain.tracking import timeline  # noqa: E402
+from ringtrain.liveness.activity import ACTIVITY  # noqa: E402
+from ringtrain.errors import RingtrainError  # noqa: E402
+from ringtrain.tracking.timeline_plot import summary  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def load(path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def lanes(trace: dict) -> dict[int, str]:
+    return {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+
+
+def buckets_by_step(trace: dict) -> dict[int, dict[int, list[int]]]:
+    """rank -> step -> the bucket indices of that step's all-reduce events, in the order recorded."""
+    out: dict[int, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X" and e.get("cat") == "allreduce":
+            out[e["pid"]][e["args"]["step"]].append(e["args"]["bucket"])
+    return out
+
+
+def phases(trace: dict, rank: int) -> Counter:
+    return Counter(e["name"] for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == rank and e.get("cat") == "phase")
+
+
+def check_buckets(trace: dict, steps: int) -> int:
+    """Every rank: one all-reduce event per bucket per step, the same buckets every step after the first
+    (DDP rebuilds its buckets after the first iteration, in the order gradients arrived); returns their count."""
+    per_rank = buckets_by_step(trace)
+    assert sorted(per_rank) == [0, 1]
+    counts = set()
+    for rank, by_step in per_rank.items():
+        assert len(by_step) == steps, (rank, sorted(by_step))
+        for step, indices in by_step.items():
+            assert sorted(indices) == list(range(len(indices))), (rank, step, indices)  # each bucket once
+        later = {len(indices) for step, indices in by_step.items() if step != min(by_step)}
+        assert len(later) == 1, (rank, dict(by_step))
+        counts |= later
+    assert len(counts) == 1
+    (count,) = counts
+    assert count >= 2, "the test model should have several gradient buckets"
+    return count
+
+
+@pytest.mark.timeout(240)
+def test_ddp_timeline_has_every_rank_and_each_bucket_once_per_step(run_ranks, tmp_path):
+    folder = tmp_path / "tl"
+    assert run_ranks(jobs.train, str(folder)) == [{"rank": 0, "total": 2.0}, {"rank": 1, "total": 2.0}]
+    assert sorted(os.listdir(folder)) == ["timeline.json", "timeline.png", "timeline.rank-0.json", "timeline.rank-1.json"]
+    trace = load(folder / "timeline.json")
+    assert sorted(lanes(trace)) == [0, 1] and lanes(trace)[1].startswith("rank 1")
+    threads = {(e["pid"], e["args"]["name"]) for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert {(r, lane) for r in (0, 1) for lane in ("main thread", "gradient all-reduce")} <= threads
+    check_buckets(trace, jobs.STEPS)
+    for rank in (0, 1):
+        seen = phases(trace, rank)
+        for phase in ("data", "forward", "backward", "optimizer"):
+            assert seen[phase] >= jobs.STEPS, (rank, seen)
+        user = [e for e in trace["traceEvents"] if e["pid"] == rank and e.get("cat") == "collective"]
+        assert any(e["name"].startswith("all_reduce(op=sum") for e in user)
+    # bucket ends inside their step's backward (DDP waits for them there): the ends are measured in the
+    # chain DDP waits on, not late
+    for rank in (0, 1):
+        backward = {e["args"]["step"]: e["ts"] + e["dur"] for e in trace["traceEvents"]
+                    if e["pid"] == rank and e["name"] == "backward"}
+        for e in trace["traceEvents"]:
+            if e["pid"] == rank and e.get("cat") == "allreduce":
+                assert e["ts"] + e["dur"] <= backward[e["args"]["step"]] + 1.0, e
+    with open(folder / "timeline.png", "rb") as f:
+        assert f.read(8) == PNG
+    stats = summary(timeline.read_parts(str(folder), "timeline"))
+    assert stats[0]["steps"] == jobs.STEPS - 1 and 0.0 <= stats[0]["hidden_pct"] <= 100.0
+
+
+@pytest.mark.timeout(240)
+def test_fp16_hook_is_timed_and_horovod_start_timeline(run_ranks, tmp_path):
+    run_ranks(jobs.train, str(tmp_path / "fp16"), "fp16")
+    trace = load(tmp_path / "fp16" / "timeline.json")
+    check_buckets(trace, jobs.STEPS)
+    hooks = {e["args"]["hook"] for e in trace["traceEvents"] if e.get("cat") == "allreduce"}
+    assert hooks == {"fp16_hook"}
+
+    path = tmp_path / "hvd" / "trace.json"
+    buckets = run_ranks(jobs.horovod, str(path))
+    assert buckets[0] >= 2
+    assert sorted(os.listdir(path.parent)) == ["trace.json", "trace.png", "trace.rank-0.json", "trace.rank-1.json"]
+    trace = load(path)
+    assert sorted(lanes(trace)) == [0, 1]
+    for rank, by_step in buckets_by_step(trace).items():
+        assert len(by_step) == jobs.STEPS
+        assert all(sorted(indices) == list(range(buckets[0])) for indices in by_step.values()), dict(by_step)
+        assert phases(trace, rank)["optimizer"] == jobs.STEPS
+
+
+SCRIPT = """
+    import torch, torch.nn.functional as F
+    import ringtrain as rt
+    ring = rt.Ring(device="cpu", seed=0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 2))
+    net, opt = ring.setup(net, torch.optim.SGD(net.parameters(), lr=0.1), bucket_cap_mb=0.0001)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randint(0, 2, (32,)))
+    for epoch in ring.epochs(1):
+        for x, y in ring.loader(data, batch_size=4):
+            ring.backward(F.cross_entropy(net(x), y))
+            opt.step(); opt.zero_grad()
+"""
+
+
+@pytest.mark.timeout(240)
+def test_ringtrain_run_timeline(tmp_path):
+    script = write(tmp_path / "train.py", SCRIPT)
+    folder = tmp_path / "out"
+    proc = run_ringtrain("run", "--nproc-per-node", "2", "--timeline", str(folder), str(script), timeout=200,
+                         env=child_env(), cwd=tmp_path)
+    assert proc.returncode == 0, outputs(proc)
+    assert "timeline of 2 rank(s)" in proc.stderr, outputs(proc)
+    trace = load(folder / "timeline.json")
+    assert sorted(lanes(trace)) == [0, 1]
+    check_buckets(trace, 4)
+    assert (folder / "timeline.png").exists()
+
+
+def test_bad_folder_is_named_with_a_hint(tmp_path):
+    afile = tmp_path / "not-a-folder"
+    afile.write_text("x")
+    with pytest.raises(RingtrainError, match="is a file, not a folder") as caught:
+        rt.Ring(device="cpu", timeline=str(afile))
+    assert "HINT:" in str(caught.value)
+    assert ACTIVITY.recorder is None
+    write(tmp_path / "train.py", "print('never run')\n")
+    proc = run_ringtrain("run", "--timeline", str(afile), "train.py", cwd=tmp_path)
+    assert proc.returncode == 2 and "--timeline" in proc.stderr and "HINT:" in proc.stderr, outputs(proc)
+
+
+def test_off_costs_nothing_and_registers_no_hook():
+    assert ACTIVITY.recorder is None
+    assert timeline.comm_hook(None) is None
+    sentinel = object()
+    assert timeline.comm_hook(sentinel) is sentinel
+
+
+def test_memory_is_bounded_and_missing_ranks_are_named(tmp_path, capsys):
+    recorder = timeline.Recorder(str(tmp_path), "timeline", 0, 2, "job", keep_steps=3, merge=True)
+    try:
+        for _ in range(10):
+            recorder.enter("data", 1.0)
+            recorder.enter("forward", 2.0)
+            recorder.leave("optimizer")
+        recorder.close()  # rank 1 never wrote its part: nothing merged at close
+    finally:
+        ACTIVITY.recorder = None
+    part = load(tmp_path / "timeline.rank-0.json")
+    assert part["dropped_steps"] == 6 and {e[5] for e in part["events"]} == {7, 8, 9, 10}  # 3 + the last
+    assert not (tmp_path / "timeline.json").exists()
+    assert timeline.main([str(tmp_path), "--no-png"]) == 0
+    assert "no part from rank(s) 1" in capsys.readouterr().err
+    assert load(tmp_path / "timeline.json")["traceEvents"]
+    assert timeline.main([str(tmp_path / "nothing-here")]) == 2
