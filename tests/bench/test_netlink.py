@@ -77,7 +77,7 @@ def test_the_namespace_exists_inside_and_is_gone_after_even_when_the_body_raises
 @NEEDS_LINK
 @pytest.mark.timeout(60)
 def test_sigterm_still_removes_the_namespace():
-    code = ("import sys; from ringtrain import netlink\n"
+    code = ("import sys; from ringtrain.bench import netlink\n"
             "with netlink.shaped_link('1gbit') as link:\n"
             "    print(link.name, flush=True); sys.stdin.read()\n")
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -278,7 +278,7 @@ def test_the_step_table_after_a_restart_is_the_last_attempts(tmp_path):
 
 KILLED_WHILE_RECORDING = """
 import json, os, signal, sys, traceback
-from ringtrain import failures  # what the worker entry writes the error file with
+from ringtrain.liveness import failures  # what the worker entry writes the error file with
 
 def dump(data, f):  # the agent's SIGTERM arrives in the middle of the write
     f.write(json.dumps(data)[:10])

@@ -23,7 +23,7 @@ import os, signal, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 print(child.pid, flush=True)
 if sys.argv[1] == "stop-own":
-    from ringtrain import failures
+    from ringtrain.liveness import failures
     print(sorted(failures.stop_own_processes()), flush=True)
     child.wait(timeout=20)
     print("child ended", child.returncode, flush=True)

@@ -129,8 +129,8 @@ def observe_plain_script(poll_s: float = 1.0) -> None:
                 break
         time.sleep(2 * poll_s)  # a ring forms its group and then starts its own watchdog: let it
         # imported only now: the worker entry loads nothing of ringtrain before the user's script runs
-        from ..liveness import membership as liveness, watchdog
-        from ..parallel import environments
+        from ringtrain.liveness import membership as liveness, watchdog
+        from ringtrain.parallel import environments
 
         if liveness.ACTIVE is not None or liveness.LAST is not None:
             return
@@ -233,8 +233,8 @@ def _tell_peers(status: int, reason: str, error: BaseException | None) -> dict |
     if "torch.distributed" not in sys.modules:
         return None  # a script that never imported it never joined a group: nobody waits for it
     # imported only now: the worker entry loads nothing of ringtrain before the user's script runs
-    from ..liveness import membership as liveness
-    from ..parallel import environments
+    from ringtrain.liveness import membership as liveness
+    from ringtrain.parallel import environments
 
     env = environments.detect()
     return liveness.leave_process(status, reason, (env.master_addr, env.master_port), env.rank, env.world_size,
@@ -252,7 +252,7 @@ def finish(status: int, reason: str, error: BaseException | None) -> None:
     """
     post = _tell_peers(status, reason, error)
     if error is not None:
-        from ..liveness import failures  # the script has run: loading it now costs it nothing
+        from ringtrain.liveness import failures  # the script has run: loading it now costs it nothing
 
         info = post.to_dict() if post is not None else {"time": time.time(), "cause": "own"}
         callstack = "".join(traceback.format_exception(type(error), error, _user_frames(error.__traceback__)))
@@ -269,7 +269,7 @@ def finish(status: int, reason: str, error: BaseException | None) -> None:
         except (OSError, ValueError, AttributeError):
             pass
     if status != 0:
-        from ..liveness import failures  # the script has run: loading it now costs it nothing
+        from ringtrain.liveness import failures  # the script has run: loading it now costs it nothing
 
         failures.stop_own_processes()  # what the script started goes with it (failures.py says why)
     os._exit(status)
