@@ -195,3 +195,10 @@ def test_src_cites_no_design_file_outside_the_repository():
     cited = [str(p.relative_to(SRC.parent)) for p in SRC.rglob("*.py") if "DESIGN.md" in p.read_text()]
     assert not cited, f"cite docs/architecture.md, not a file outside the repository: {cited}"
 
+
+
+def test_files_run_by_path_import_ringtrain_absolutely():
+    """torchrun starts launcher/worker.py by its path, as a script: a relative import there fails in every worker."""
+    tree = ast.parse((SRC / "launcher" / "worker.py").read_text())
+    relative = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level]
+    assert not relative, f"launcher/worker.py has relative imports at lines {relative}"

@@ -17,22 +17,20 @@ from torch import nn
 from . import strategies, tracking
 from .checkpoint.resume import Resumer, move_optimizer_state
 from .errors import RingtrainError
-from .liveness.activity import ACTIVITY
 from .liveness.stall import per_rank_stats
-from .liveness.watchdog import collective_checks_of, stall_warning_of
+from .liveness.watchdog import collective_checks_of
 from .loop import precision as precisions
 from .loop.data import RingLoader, make_loader
+from .loop.held import Held
 from .loop.optim import NonFiniteGuard, NoSyncWindow, RingScheduler, ScalerSteps, replace_parameters, wrap_optimizer
 from .loop.progress import Progress
 from .loop.seeding import configure_kernels, seed_everything
 from .loop.step import Step
 from .parallel import environments
-from .parallel.group import as_timeout
+from .parallel.group import DEFAULT_TIMEOUT, GroupOptions
 from .parallel.syncbn import convert_sync_batchnorm
 from .strategies import BackwardSyncControl, PipelineSchedule, Strategy
 from .tracking import timeline as timelines
-
-DEFAULT_TIMEOUT_S = 1800.0
 
 
 class Ring:
@@ -63,7 +61,7 @@ class Ring:
         init_method: str | None = None,
         world_size: int | None = None,
         rank: int | None = None,
-        timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S,
+        timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
         device: str = "auto",
         accumulate: int = 1,
         precision: str = "32",
@@ -84,8 +82,9 @@ class Ring:
     ):
         env = environments.with_explicit(environments.detect(), world_size, rank)
         self.strategy = strategies.resolve(strategy, env, init_method=init_method, **deprecated)
-        self.strategy.attach(env, device=device, backend=backend, init_method=init_method, timeout=as_timeout(timeout),
-                             stall_warning=stall_warning_of(stall_warning))
+        self.strategy.attach(env, GroupOptions.of(device=device, backend=backend, init_method=init_method,
+                                                  timeout=timeout, stall_warning=stall_warning))
+        self.activity = self.strategy.activity  # what this rank's main thread reports; its watchdog reads it
         self.env = env
         # Everything the arguments can get wrong is checked before joining the group.
         self.step_state = Step(accumulate, save_every)
@@ -93,29 +92,26 @@ class Ring:
         self.nonfinite = NonFiniteGuard(nonfinite, self.strategy)
         self.strategy.configure(accumulate=accumulate, nonfinite=nonfinite, sync_batchnorm=sync_batchnorm)
         checkpoints = Resumer.checkpoint_dir(checkpoint_dir, save_every, keep_last, resume)
-        self._log = tracking.RunLog(log_dir, log_with, checkpoint_dir)
+        self._log = tracking.RunLog(log_dir, log_with, checkpoint_dir, self.activity)
         timeline = timelines.ring_target(timeline)
         self.strategy.setup_environment()
-        self._timeline = timelines.start_for_ring(timeline, env)
+        self._timeline = timelines.start_for_ring(timeline, env, self.activity)
         self.precision = precisions.Precision(precision, self.device)  # the device is claimed now
         if (checks := collective_checks_of(debug_collectives)) is not None:
             self.strategy.enable_collective_checks(checks)
         self.seed = seed if seed is None else seed_everything(seed)
         self.sync_batchnorm = sync_batchnorm
         configure_kernels(deterministic, cudnn_benchmark)
-        self._models, self._optimizers, self._loaders = [], [], []  # nn.Module, Optimizer, RingLoader
+        # What the loop holds (models, optimizers, loaders, the epoch): written here, read by the checkpoints.
+        self.held = Held(self.step_state, self.precision.scaler,
+                         devices=self.strategy.data_parallel_size * self.strategy.devices_per_process)
         self._remaining_batches: int | None = None
         self._window = NoSyncWindow(self.step_state, getattr(self.strategy, "no_sync", None),
                                     lambda: self._remaining_batches)
         self._scaler_steps = ScalerSteps(self.precision.scaler)
         self.step_state.on_new_window(self._scaler_steps.update)
-        self._epoch: int | None = None
         self._last_loss: torch.Tensor | None = None
-        self._module_of: dict[int, nn.Module] = {}  # id(optimizer) -> the model it was set up with
-        self.resumer = Resumer(self.strategy, self.step_state, self.precision.scaler, self._loaders,
-                               epoch=lambda: self._epoch, say=self.print, checkpoints=checkpoints,
-                               module_of=lambda optimizer: self._module_of.get(id(optimizer)),
-                               resume=resume, global_batch=lambda: self.global_batch_size)  # takes the folder
+        self.resumer = Resumer(self.strategy, self.held, checkpoints, resume)  # takes the folder
 
     # --- who and where ---------------------------------------------------------
     rank = property(lambda self: self.strategy.rank)
@@ -130,16 +126,11 @@ class Ring:
                                doc="Optimizer steps taken (accumulation boundaries), counting steps the scaler skipped.")
     sync_now = property(lambda self: self.step_state.sync_now,
                         doc="Did the last ``ring.backward`` end an accumulation window (so the optimizer steps now)?")
-    epoch = property(lambda self: self._epoch, doc="The epoch ``ring.epochs`` is in, or None outside it.")
+    epoch = property(lambda self: self.held.epoch, doc="The epoch ``ring.epochs`` is in, or None outside it.")
     mesh = property(lambda self: getattr(self.strategy, "mesh", None),
                     doc="The job's DeviceMesh (named dimensions: dp_replicate, dp_shard, pp), or None on one process.")
 
-    @property
-    def global_batch_size(self) -> int | None:
-        """Samples per optimizer step over the whole job: per-device batch x devices x accumulate."""
-        training = [made for made in self._loaders if not made.exact and made.per_device_batch]
-        devices = self.strategy.data_parallel_size * self.strategy.devices_per_process
-        return training[0].per_device_batch * devices * self.accumulate if training else None
+    global_batch_size = property(lambda self: self.held.global_batch, doc=Held.global_batch.__doc__)
 
     def __repr__(self) -> str:
         return f"Ring(strategy={self.strategy!r}, rank={self.rank}/{self.world_size}, device={self.device})"
@@ -161,22 +152,22 @@ class Ring:
         # FSDP puts shards in place of the parameters, the meta device real tensors: the optimizer follows.
         replaced = {before[name]: p for name, p in self.strategy.named_parameters(wrapped).items()
                     if name in before and before[name] != id(p)}
-        self._models.append(wrapped)
+        self.held.models.append(wrapped)
         if self.accumulate > 1 and isinstance(self.strategy, BackwardSyncControl):
             self._window.attach(wrapped)
         if self.seed is not None:
             # Same weights everywhere came from the shared seed (and the strategy's broadcast);
             # from here on each rank draws its own random stream (dropout, augmentation).
             seed_everything(self.seed + self.rank)
-        suffix = str(len(self._models) - 1) if len(self._models) > 1 else ""
+        suffix = str(len(self.held.models) - 1) if len(self.held.models) > 1 else ""
         targets: dict[str, Any] = {f"model{suffix}": wrapped}
         if optimizer is not None:
             replace_parameters(optimizer, replaced)
             optimizer = self.strategy.setup_optimizer(optimizer, wrapped)
             move_optimizer_state(optimizer, self.device)
-            optimizer = wrap_optimizer(optimizer, self.step_state, self._scaler_steps, self.strategy.step_context)
-            self._optimizers.append(optimizer)
-            self._module_of[id(optimizer)] = wrapped
+            optimizer = wrap_optimizer(optimizer, self.step_state, self._scaler_steps, self.strategy.step_context,
+                                       self.activity)
+            self.held.add_optimizer(optimizer, wrapped)
             targets[f"optimizer{suffix}"] = optimizer
         if scheduler is not None:
             scheduler = RingScheduler(scheduler, self.step_state)
@@ -193,13 +184,13 @@ class Ring:
         made = make_loader(
             dataset, batch_size=batch_size * self.strategy.devices_per_process, shuffle=shuffle, drop_last=drop_last,
             exact=exact, rank=self.strategy.data_parallel_rank, world_size=self.strategy.data_parallel_size,
-            seed=self.seed or 0, device=self.device, **dataloader_kwargs,
+            seed=self.seed or 0, device=self.device, activity=self.activity, **dataloader_kwargs,
         )
         made.per_device_batch = batch_size
         if not exact:
             made.listener = self._note_loader
         first_training = not exact and self.global_batch_size is None
-        self._loaders.append(made)
+        self.held.loaders.append(made)
         if first_training:
             devices = self.strategy.data_parallel_size * self.strategy.devices_per_process
             self.print(f"ringtrain: global batch {self.global_batch_size} = {batch_size} per device x {devices} "
@@ -213,15 +204,15 @@ class Ring:
         first = start if resumed is None else max(start, resumed)
         try:
             for epoch in range(first, n):
-                self._epoch = ACTIVITY.epoch = epoch
-                for made in self._loaders:
+                self.held.epoch = self.activity.epoch = epoch
+                for made in self.held.loaders:
                     made.set_epoch(epoch)
                 yield epoch
                 self.nonfinite.check(force=True)
             self._save_if_due()
             self.resumer.flush()  # the last checkpoint is on disk when the epochs end
         finally:
-            self._epoch = None
+            self.held.epoch = None
 
     def _note_loader(self, made: RingLoader) -> None:  # a ring loader hands out a batch: the last step is done
         self._remaining_batches = made.remaining()
@@ -243,12 +234,12 @@ class Ring:
                 "ring.backward under strategy='pipeline': no rank holds the whole model's output",
                 "train with loss = ring.pipeline_step(x, y, loss_fn); it runs forward and backward.",
             )
-        self.step_state.check_lr(self._optimizers)
-        skip = self.nonfinite.skip(loss, self.optimizer_steps, self._epoch)
+        self.step_state.check_lr(self.held.optimizers)
+        skip = self.nonfinite.skip(loss, self.optimizer_steps, self.held.epoch)
         divisor, _ = self.step_state.next_backward(self._remaining_batches)
         scaled = self.precision.scaler.scale(loss / divisor if divisor > 1 else loss)
         try:
-            with ACTIVITY.timed("backward", "sync"):  # DDP's gradient all-reduce ends here: waiting counts too
+            with self.activity.timed("backward", "sync"):  # DDP's gradient all-reduce ends here: waiting counts too
                 scaled.backward()
         finally:
             self._window.close()
@@ -258,7 +249,7 @@ class Ring:
 
     def _drop_window(self) -> None:
         # Backward still ran (DDP expects it); its NaNs are wiped and the window's step dropped.
-        for model in self._models:
+        for model in self.held.models:
             model.zero_grad(set_to_none=False)  # zeroes the gradients there are, in place
         self.step_state.drop()
 
@@ -266,12 +257,12 @@ class Ring:
         """Forward and backward of one batch; its mean loss, on every rank. A pipeline cuts the batch
         into micro-batches through its stages; elsewhere it is ``ring.backward(loss_fn(model(x), y))``."""
         if not isinstance(self.strategy, PipelineSchedule):
-            self.backward(loss := loss_fn(self._models[-1](x), y))
+            self.backward(loss := loss_fn(self.held.models[-1](x), y))
             return loss.detach()
-        self.step_state.check_lr(self._optimizers)
+        self.step_state.check_lr(self.held.optimizers)
         divisor, boundary = self.step_state.next_backward(self._remaining_batches)
         loss = self.strategy.pipeline_step(x, y, loss_fn, divisor=divisor, sync=boundary, scaler=self.precision.scaler)
-        if self.nonfinite.skip(loss, self.optimizer_steps, self._epoch):
+        if self.nonfinite.skip(loss, self.optimizer_steps, self.held.epoch):
             self._drop_window()
         self._last_loss = loss
         return loss
@@ -281,10 +272,10 @@ class Ring:
         total norm before clipping, or None between boundaries (partial sums: nothing is clipped)."""
         if not self.step_state.sync_now:
             return None
-        for optimizer in self._optimizers:
+        for optimizer in self.held.optimizers:
             self.strategy.sync_gradients(optimizer)  # hvd: averaged gradients, before their norm
         if self.precision.scaler.is_enabled():
-            for optimizer in self._optimizers:
+            for optimizer in self.held.optimizers:
                 self.precision.scaler.unscale_(optimizer)
         return self.strategy.clip_grad_norm_(model, max_norm, norm_type)
 
@@ -327,7 +318,7 @@ class Ring:
 
     def stats(self) -> dict[int, dict[str, float]]:
         """Per rank (collective): steps, ms/step and the % of a step waiting for data, computing, waiting for the others."""
-        return per_rank_stats(dict(enumerate(self.strategy.gather_object(ACTIVITY.times.summary()))))
+        return per_rank_stats(dict(enumerate(self.strategy.gather_object(self.activity.times.summary()))))
 
     def progress(self, iterable: Iterable[Any], desc: str | None = None, total: int | None = None) -> Progress:
         """A progress bar (loss, samples/s) on the main process; a pass-through elsewhere."""

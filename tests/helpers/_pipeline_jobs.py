@@ -15,9 +15,29 @@ from ringtrain.parallel import environments
 from ringtrain.errors import RingtrainError
 from ringtrain.loop.precision import Precision
 from ringtrain.parallel.stages import split
-from ringtrain.strategies import Pipeline
+from ringtrain.strategies import Pipeline, StageData
 
 LR, MOMENTUM = 0.1, 0.9
+
+
+class KeptWhole(StageData):
+    """A data strategy of the test's own (issue 29, item 6): each replica keeps its stage whole, unwrapped, and
+    says what the pipeline asked of it — the pipeline composes through the StageData contract alone."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def dims_over(self, replicas: int) -> tuple[tuple[str, int], ...]:
+        self.asked.append(f"dims_over({replicas})")
+        return (("dp_replicate", replicas),)
+
+    def place_stage(self, stage, *, mesh, device, precision, meta, broadcast) -> None:
+        self.asked.append("place_stage")
+        stage.to(device)
+
+    def run_stage(self, stage, *, mesh, device):
+        self.asked.append("run_stage")
+        return stage
 
 
 def make_model() -> nn.Sequential:
@@ -130,6 +150,7 @@ def _train(strategy: Pipeline, *, split_at, steps: int, per_replica: int | list[
         "local_params": sum((p.to_local() if hasattr(p, "to_local") else p).numel()
                             for p in strategy.named_parameters(None).values()),
         "mesh": strategy.mesh.mesh_dim_names,
+        "asked": sorted(set(getattr(strategy.data, "asked", []))),
         "model_meta": all(p.device.type == "meta" for n, p in model.named_parameters()
                           if n not in strategy.local_state(None)),
     }

@@ -17,6 +17,7 @@ from _launch_util import ALLREDUCE, child_env, free_port, outputs, ringtrain_cmd
 from ringtrain.errors import RingtrainError
 from ringtrain.launcher import env_info, plan as plans, preflight, run
 from ringtrain.launcher.ports import is_this_machine
+from ringtrain.parallel import devices
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,14 +85,14 @@ def _plan(tmp_path, *args: str) -> run.Plan:
 
 def test_the_warning_counts_usable_cores_and_visible_gpus(tmp_path, monkeypatch):
     monkeypatch.setattr(env_info, "usable_cpus", lambda: 2)
-    monkeypatch.setattr(env_info, "visible_gpus", lambda: 0)
+    monkeypatch.setattr(devices, "visible_gpus", lambda: devices.Gpus(0))
     assert preflight.oversubscription(_plan(tmp_path, "--nproc-per-node", "8")) is None  # 4 per core: fine
     assert "9 workers on this node, but only 2 CPU core(s)" in preflight.oversubscription(
         _plan(tmp_path, "--nproc-per-node", "9"))
     for word in ("cpu", "auto"):  # counted from the machine: never too many
         assert preflight.oversubscription(_plan(tmp_path, "--nproc-per-node", word)) is None
     monkeypatch.setattr(env_info, "usable_cpus", lambda: 64)
-    monkeypatch.setattr(env_info, "visible_gpus", lambda: 1)
+    monkeypatch.setattr(devices, "visible_gpus", lambda: devices.Gpus(1))
     assert "5 workers on this node, and 1 GPU(s) visible" in preflight.oversubscription(
         _plan(tmp_path, "--nproc-per-node", "5"))
     assert preflight.oversubscription(_plan(tmp_path, "--nproc-per-node", "4")) is None

@@ -40,6 +40,8 @@ CASES = {
                  "precision": "bf16-mixed"},
     "fp16": {"stages": 2, "microbatches": 4, "schedule": "1f1b", "split_at": ["2"], "steps": 2, "per_replica": PER_REPLICA,
                  "precision": "16-mixed", "clip": 0.05},
+    "own_data": {"stages": 2, "microbatches": 4, "schedule": "gpipe", "split_at": ["2"], "steps": 3,
+                 "per_replica": PER_REPLICA, "data": jobs.KeptWhole()},
 }
 
 
@@ -69,6 +71,15 @@ def test_two_stages_equal_single_process(two_ranks, name):
     assert max_diff(got["state"], ref["state"]) <= TOL
     for rank in two_ranks:  # the step's loss comes back on every rank, the first stage included
         assert rank[name]["raw_losses"] == pytest.approx(ref["losses"], abs=TOL)
+
+
+def test_a_data_strategy_of_ones_own_composes_through_the_contract(two_ranks):
+    """Pipeline(data=...) takes any StageData (issue 29, item 6): the pipeline asks, never names it."""
+    got, ref = two_ranks[0]["own_data"], jobs.reference(3, PER_REPLICA)
+    assert max_diff(got["state"], ref["state"]) <= TOL
+    assert got["asked"] == ["dims_over(1)", "place_stage", "run_stage"] and got["mesh"] == ("pp", "dp_replicate")
+    with pytest.raises(rt.RingtrainError, match="(?s)Pipeline got data=.*HINT:.*StageData"):
+        rt.strategies.Pipeline(stages=2, microbatches=2, data=object())
 
 
 @pytest.mark.parametrize("name", ["bn_1f1b", "bn_interleaved"])

@@ -14,7 +14,7 @@ from _launch_util import child_env, outputs, run_ringtrain, write  # noqa: E402
 import _timeline_jobs as jobs  # noqa: E402
 import ringtrain as rt  # noqa: E402
 from ringtrain.tracking import timeline  # noqa: E402
-from ringtrain.liveness.activity import ACTIVITY  # noqa: E402
+from ringtrain.liveness.activity import Activity
 from ringtrain.errors import RingtrainError  # noqa: E402
 from ringtrain.tracking.timeline_plot import summary  # noqa: E402
 
@@ -146,29 +146,25 @@ def test_bad_folder_is_named_with_a_hint(tmp_path):
     with pytest.raises(RingtrainError, match="is a file, not a folder") as caught:
         rt.Ring(device="cpu", timeline=str(afile))
     assert "HINT:" in str(caught.value)
-    assert ACTIVITY.recorder is None
     write(tmp_path / "train.py", "print('never run')\n")
     proc = run_ringtrain("run", "--timeline", str(afile), "train.py", cwd=tmp_path)
     assert proc.returncode == 2 and "--timeline" in proc.stderr and "HINT:" in proc.stderr, outputs(proc)
 
 
 def test_off_costs_nothing_and_registers_no_hook():
-    assert ACTIVITY.recorder is None
-    assert timeline.comm_hook(None) is None
+    assert Activity().recorder is None
+    assert timeline.comm_hook(None, None) is None
     sentinel = object()
-    assert timeline.comm_hook(sentinel) is sentinel
+    assert timeline.comm_hook(sentinel, None) is sentinel
 
 
 def test_memory_is_bounded_and_missing_ranks_are_named(tmp_path, capsys):
     recorder = timeline.Recorder(str(tmp_path), "timeline", 0, 2, "job", keep_steps=3, merge=True)
-    try:
-        for _ in range(10):
-            recorder.enter("data", 1.0)
-            recorder.enter("forward", 2.0)
-            recorder.leave("optimizer")
-        recorder.close()  # rank 1 never wrote its part: nothing merged at close
-    finally:
-        ACTIVITY.recorder = None
+    for _ in range(10):
+        recorder.enter("data", 1.0)
+        recorder.enter("forward", 2.0)
+        recorder.leave("optimizer")
+    recorder.close()  # rank 1 never wrote its part: nothing merged at close
     part = load(tmp_path / "timeline.rank-0.json")
     assert part["dropped_steps"] == 6 and {e[5] for e in part["events"]} == {7, 8, 9, 10}  # 3 + the last
     assert not (tmp_path / "timeline.json").exists()

@@ -32,9 +32,8 @@ import torch
 from torch import nn
 
 from ..errors import RingtrainError, one_line
-from ..liveness.activity import ACTIVITY
 from ..loop.data import RingLoader, move_to_device
-from ..loop.step import Step
+from ..loop.held import Held
 from . import files, fingerprint, lock as folder_lock, policy as resume_policy, rng, sharded, state
 from .folder import CheckpointDir
 from .model import is_plain_state_dict
@@ -43,25 +42,19 @@ from .model import is_plain_state_dict
 class Resumer:
     """Checkpoints of one ring: what to save, when asked, and how to continue from one."""
 
-    def __init__(self, strategy: Any, step: Step, scaler: torch.amp.GradScaler,
-                 loaders: list[RingLoader], epoch: Callable[[], int | None], say: Callable[[str], None],
-                 checkpoints: CheckpointDir | None = None,
-                 module_of: Callable[[torch.optim.Optimizer], nn.Module | None] = lambda optimizer: None,
-                 resume: str = "auto", global_batch: Callable[[], int | None] = lambda: None):
+    def __init__(self, strategy: Any, held: Held, checkpoints: CheckpointDir | None = None, resume: str = "auto"):
         self.strategy = strategy
-        self.step = step
-        self.scaler = scaler
-        self.loaders = loaders  # the ring's own list: loaders it makes later appear here too
-        self.epoch = epoch
-        self.say = say
+        self.held = held  # what the ring's loop holds (its step state, loaders, the epoch...): read, never written
+        self.step = held.step
+        self.scaler = held.scaler
+        self.loaders = held.loaders  # the ring's own list: loaders it makes later appear here too
+        self.activity = strategy.activity  # what the main thread reports: "checkpoint" while saving or loading
         self.checkpoints = checkpoints
-        self.module_of = module_of  # the model an optimizer was set up with (its parameters' names)
         self.resume_epoch: int | None = None  # where ring.epochs continues after a load
         self._targets: dict[str, Any] = {}  # what the periodic save writes
         self._loader_states: list[dict[str, Any]] = []  # saved positions, by loader index
         self._async: sharded.AsyncSave | None = None
         self.resume = resume
-        self.global_batch = global_batch
         self._fingerprint: dict[str, Any] = {"entries": {}}  # this run's configuration (fingerprint.py)
         self._resumed: dict[str, Any] | None = None  # the fingerprint of the checkpoint resumed from, until checked
         self._resumed_from = ""
@@ -83,6 +76,11 @@ class Resumer:
     @property
     def is_main(self) -> bool:
         return self.strategy.rank == 0
+
+    def say(self, line: str) -> None:
+        """A line for the user, from the main process."""
+        if self.is_main:
+            print(line, flush=True)
 
     # --- 1, 2: what the ring set up ------------------------------------------------------
     def _claim(self) -> None:
@@ -157,10 +155,10 @@ class Resumer:
                         + resume_policy.judge(self.resume, self.checkpoints.folder, latest, changed)), saved  # type: ignore[union-attr]
 
     def _run_fingerprint(self) -> dict[str, Any]:
-        return {**self._fingerprint, "world_size": self.strategy.world_size, "global_batch": self.global_batch()}
+        return {**self._fingerprint, "world_size": self.strategy.world_size, "global_batch": self.held.global_batch}
 
     def add_loader(self, made: RingLoader) -> None:
-        if self._resumed is not None and self.global_batch() is not None:  # the first training loader
+        if self._resumed is not None and self.held.global_batch is not None:  # the first training loader
             self._check_batch(self._resumed)
         index = self.loaders.index(made)
         if index < len(self._loader_states):
@@ -169,7 +167,7 @@ class Resumer:
     def _check_batch(self, saved: dict[str, Any]) -> None:
         """The global batch, known once the first training loader is made, against the checkpoint's (every rank)."""
         self._resumed = None
-        line, resized = fingerprint.batch_difference(saved, self.strategy.world_size, self.global_batch())
+        line, resized = fingerprint.batch_difference(saved, self.strategy.world_size, self.held.global_batch)
         if line is not None and resized:
             self.say(f"ringtrain: {line}, with the world size ({saved['world_size']} -> {self.strategy.world_size})")
         elif line is not None:
@@ -189,19 +187,19 @@ class Resumer:
     def autosave(self) -> None:
         """Write the periodic checkpoint that is due: sharded and asynchronous where the strategy shards."""
         self.step.saved()
-        ACTIVITY.enter("checkpoint")
+        self.activity.enter("checkpoint")
         number = self.step.optimizer_steps
         folders = self.strategy.shards_state
         path = self.checkpoints.path_for(number, folder=folders)  # type: ignore[union-attr]
         if not folders:
             self.save(path, full=True, **self._targets)
-            epoch = self.epoch()
+            epoch = self.held.epoch
             self._agree(lambda: self.checkpoints.commit(path, step=number, epoch=epoch))  # type: ignore[union-attr]
             return
         self.flush()  # one save in flight at a time: the next waits for the previous
         tensors, skeleton, kinds, meta = self._sharded_parts(self._targets)
         staging = self._agree(lambda: sharded.staging_folder(path))
-        epoch, folder = self.epoch(), self.checkpoints
+        epoch, folder = self.held.epoch, self.checkpoints
 
         def done() -> None:  # in the writer thread, once every rank's shards are on disk
             if self.is_main:
@@ -209,7 +207,7 @@ class Resumer:
                 folder.commit(path, step=number, epoch=epoch)  # type: ignore[union-attr]
 
         if self._async is None:
-            self._async = sharded.AsyncSave(self.strategy.checkpoint_group())
+            self._async = sharded.AsyncSave(self.strategy.checkpoint_group(), self.activity)
         self._async.start(staging, tensors, done)
 
     @property
@@ -246,7 +244,7 @@ class Resumer:
         """
         if files.META_KEY in state_:
             raise RingtrainError(f"ring.save got the reserved key {files.META_KEY!r}", "rename that entry.")
-        ACTIVITY.enter("checkpoint")
+        self.activity.enter("checkpoint")
         self.flush()
         if full is None:
             full = not self.strategy.shards_state
@@ -308,7 +306,7 @@ class Resumer:
             "world_size": self.strategy.world_size,
             "rng": self.strategy.gather_object(rng.capture_rng()),
             "loaders": [made.state() for made in self.loaders],
-            "epoch": self.epoch(),
+            "epoch": self.held.epoch,
             "optimizer_steps": self.step.optimizer_steps,
             "step": self.step.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -317,7 +315,7 @@ class Resumer:
         }
 
     def _names(self, optimizer: torch.optim.Optimizer) -> tuple[dict[str, nn.Parameter], dict[int, str]]:
-        module = self.module_of(optimizer)
+        module = self.held.module_of(optimizer)
         params = self.strategy.named_parameters(module) if module is not None else {}
         return params, state.parameter_names(params)
 
@@ -325,7 +323,7 @@ class Resumer:
         if isinstance(value, nn.Module):
             return self.strategy.module_state(value)
         if isinstance(value, torch.optim.Optimizer):
-            return self.strategy.optimizer_state(value, self.module_of(value))
+            return self.strategy.optimizer_state(value, self.held.module_of(value))
         return files.state_of(value)
 
     def _local_tree(self, state_: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -344,7 +342,7 @@ class Resumer:
 
     def load(self, path: str, **targets: Any) -> dict[str, Any]:
         """Load ``path`` (on every rank) into ``targets``; return the other entries, on the ring's device."""
-        ACTIVITY.enter("checkpoint")
+        self.activity.enter("checkpoint")
         self.flush()
         folder = sharded.is_sharded_checkpoint(path)
         if folder:
@@ -371,7 +369,7 @@ class Resumer:
                     params, names = self._names(target)
                     state.load_named_optimizer(target, ckpt[name], names, params)
                 else:
-                    self.strategy.load_optimizer_state(target, ckpt[name], self.module_of(target))
+                    self.strategy.load_optimizer_state(target, ckpt[name], self.held.module_of(target))
                 move_optimizer_state(target, self.strategy.device)
             elif hasattr(target, "load_state_dict"):
                 target.load_state_dict(ckpt[name])

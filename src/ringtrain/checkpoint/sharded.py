@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 
 from ..errors import RingtrainError, one_line
-from ..liveness.activity import ACTIVITY
+from ..liveness.activity import Activity, waits_for_peers
 from . import files
 from .state import is_sharded, optimizer_by_index
 from .temporaries import remove_dead_temporaries, temporary_folder, write_failed
@@ -359,8 +359,9 @@ def _fsync_dir(folder: str) -> None:
 class AsyncSave:
     """One sharded save in flight at a time, written by a daemon thread over ``group``."""
 
-    def __init__(self, group: Any):
+    def __init__(self, group: Any, activity: Activity):
         self.group = group
+        self.activity = activity  # the ring's: while the rest of a save is this rank's own, nobody is waited for
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._shared_done = threading.Event()  # the save's collective part is over: the rest is this rank's own
@@ -424,6 +425,7 @@ class AsyncSave:
             torch.cuda.synchronize()
         return staged
 
+    @waits_for_peers(lambda frame: "a sharded checkpoint's save (its collectives, on the writer thread)")
     def wait(self) -> BaseException | None:
         """Block until the save in flight is written; its error, if it failed."""
         if self._thread is not None:
@@ -433,7 +435,7 @@ class AsyncSave:
             # finished meanwhile did nothing wrong.
             while self._thread.is_alive() and not self._shared_done.is_set():
                 self._thread.join(0.2)
-            with ACTIVITY.working_alone():
+            with self.activity.working_alone():
                 while self._thread.is_alive():
                     self._thread.join(0.2)
             self._thread = None

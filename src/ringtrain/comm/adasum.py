@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import RingtrainError
+from ..liveness.activity import waits_for_peers
 from .groups import ProcessSet
 
 _TINY = math.sqrt(sys.float_info.min)  # sqrt(DBL_MIN), Horovod's threshold
@@ -78,6 +79,7 @@ def combine(vectors: list[torch.Tensor], sizes: list[int]) -> torch.Tensor:
     return level[0]
 
 
+@waits_for_peers(lambda frame: "allreduce (Adasum)")
 def adasum_(tensors: list[torch.Tensor], ps: ProcessSet) -> None:
     """Replace each tensor (same dtype and device) with the Adasum of its values on all members."""
     n = ps.size()

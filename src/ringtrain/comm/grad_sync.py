@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import RingtrainError
-from ..liveness.activity import ACTIVITY
+from ..liveness.activity import waits_for_peers
 from ..tracking import timeline
 from . import validate
 from .checks import Call, Kind, hash_text
@@ -267,7 +267,7 @@ class GradientSync:
                 if ps.grad_layout is not None and any(row.kind == Kind.JOIN for row in rows):
                     flush(ps.grad_layout[1], ps)  # joined ranks hold zero buckets of the old layout
                 ps.grad_layout = (self.layout_hash, self.wire_spec())
-        recorder = ACTIVITY.recorder
+        recorder = ps.recorder
         started = time.time() if recorder is not None else 0.0
         buffer, ctx, size, shape = self._wire(bucket)
         scale_(buffer[:size], self.prescale)
@@ -294,6 +294,7 @@ class GradientSync:
         """True between the first gradient hook of a step and ``synchronize()``."""
         return any(left != self.backward_passes_per_step for left in self._delay.values())
 
+    @waits_for_peers(lambda frame: "synchronize (gradient all-reduce)")
     def synchronize(self) -> None:
         """Reduce every bucket not yet reduced, wait for all, write results into ``p.grad``."""
         if self.detached:
@@ -344,6 +345,7 @@ class GradientSync:
         self._next = 0
         self._started = False
 
+    @waits_for_peers()
     def abandon(self) -> None:
         """Forget this step's gradients (after waiting for reductions already in flight)."""
         for bucket in self.buckets:
@@ -380,6 +382,7 @@ def post_zeros(spec: list[tuple], ps: ProcessSet) -> list:
     return [buffers, works]
 
 
+@waits_for_peers()
 def flush(spec: list[tuple], ps: ProcessSet) -> None:
     """Complete the zero buckets that joined ranks hold posted for ``spec`` (all zeros: nobody stepped)."""
     for work in post_zeros(spec, ps)[1]:

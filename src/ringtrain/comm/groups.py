@@ -52,8 +52,16 @@ class ProcessSet:
         self.check_rounds = 0
         self.checker = None
         self.grad_steps = 0  # gradient steps run on this set (join uses it too)
+        # What the main thread reports (liveness/activity.py) for whoever bound this set (a ring's strategy,
+        # hvd.init()): a timeline recording there hears this set's gradient buckets too.
+        self.activity = None
         # State other modules keep per set (named.py's held ops), each owned by its module (``part``).
         self._parts: dict[type, object] = {}
+
+    @property
+    def recorder(self):
+        """The timeline recording this set's buckets (tracking/timeline.py), or None."""
+        return self.activity.recorder if self.activity is not None else None
 
     # --- Horovod's ProcessSet API ------------------------------------------
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from ..errors import RingtrainError
+from ..liveness.activity import waits_for_peers
 
 
 class CollectiveFailure(RingtrainError):
@@ -53,6 +54,7 @@ class Handle:
 
     is_completed = poll  # so a handle can wait on other handles
 
+    @waits_for_peers(lambda frame: frame.f_locals["self"].what)
     def wait(self) -> Any:
         """Block until the collective is done; return its result (the same object on every call)."""
         if not self._done:

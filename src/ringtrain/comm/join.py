@@ -20,6 +20,7 @@ import time
 import torch.distributed as dist
 
 from ..errors import RingtrainError
+from ..liveness.activity import waits_for_peers
 from . import checks, grad_sync, named, validate
 from .checks import Call, Kind, Row
 from .groups import ProcessSet
@@ -67,6 +68,7 @@ def join(*, process_set: ProcessSet, check: bool = True, device=None) -> int:
         serve(rows, process_set, device, mirror)
 
 
+@waits_for_peers(lambda frame: "join()")
 def _round(ps: ProcessSet, call: Call, mirror: "_Mirror") -> list[Row]:
     """One check round, while serving the gradient steps the others run meanwhile (they send no check)."""
     named.describe_held(ps, call)

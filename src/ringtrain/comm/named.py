@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import RingtrainError
+from ..liveness.activity import waits_for_peers
 from . import checks
 from .checks import Call, InvalidArgument, Kind, Row, hash_text
 from .groups import ProcessSet
@@ -211,6 +212,7 @@ def _serve_until_settled(ps: ProcessSet) -> None:
 PASSIVE = (Kind.WAIT, Kind.BARRIER)
 
 
+@waits_for_peers(lambda frame: checks.describe(checks._encode(frame.f_locals["call"])))
 def wait_rounds(ps: ProcessSet, call: Call, done) -> list[Row]:
     """Check rounds for a call that waits for the others (a barrier, a held op's synchronize).
 

@@ -23,7 +23,6 @@ import warnings
 import torch
 
 from ..errors import RingtrainError
-from ..liveness.activity import ACTIVITY
 from . import adasum, validate
 from .checks import Call, Kind
 from .compression import NoneCompressor
@@ -61,7 +60,7 @@ class _Distributed:
         return self._sync.backward_passes_per_step
 
     def step(self, closure=None):
-        recorder = ACTIVITY.recorder
+        recorder = self._sync.process_set.recorder
         if recorder is not None:  # a timeline: the step (and its wait for the buckets) where no ring marks it
             with recorder.span("optimizer"):
                 return self._synchronized_step(closure)

@@ -19,6 +19,7 @@ from typing import Iterator
 import torch.distributed as dist
 
 from ..errors import RingtrainError
+from ..liveness.activity import waits_for_peers
 from . import checks
 from .groups import ProcessSet
 
@@ -46,6 +47,7 @@ class StoreRows:
         finally:
             self._text = None
 
+    @waits_for_peers(lambda frame: "a collective's check (the other ranks' descriptions)")
     def exchange(self, ps: ProcessSet, row: checks.Row) -> list[checks.Row]:
         self.round += 1
         n, me, size = self.round, ps.rank(), ps.size()

@@ -28,9 +28,9 @@ import torch.distributed as dist
 from ..comm import DEFAULT_FUSION_THRESHOLD, GLOBAL, ProcessSet, ProcessSetTable, ReduceOp
 from ..comm.store_check import StoreRows
 from ..errors import RingtrainError
-from ..liveness.activity import ACTIVITY
+from ..liveness.activity import Activity
 from ..parallel import environments
-from ..parallel.group import ProcessGroup
+from ..parallel.group import GroupOptions, ProcessGroup
 from ..tracking import timeline
 
 Average = ReduceOp.AVERAGE
@@ -62,6 +62,7 @@ class _Runtime:
         self.table = ProcessSetTable()
         self.topology_for = None  # (default group, topology) of the last init
         self.timeline = None  # the timeline.Recorder start_timeline started
+        self.activity = Activity()  # what the main thread reports for Horovod's API (init sets it)
 
 
 RUNTIME = _Runtime()
@@ -91,10 +92,14 @@ def init(comm=None, process_sets=None, *, checks: bool | None = None) -> None:
             # Horovod never picks devices; NCCL (through DDP's choice) only when every local
             # rank has its own GPU, Gloo otherwise (Gloo also moves CUDA tensors for most ops).
             enough_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= env.local_world_size
-            group = ProcessGroup(env, device="auto" if enough_gpus else "cpu")
+            group = ProcessGroup(env, GroupOptions.of(device="auto" if enough_gpus else "cpu"))
             group.form()  # leaving is the group's own business: at exit, nothing waits on peers
             rt.group = group
         rt.env = env
+        # What this process's main thread reports for Horovod's API: the group's (its watchdog reads it), or
+        # one of the API's own when a ring made the group.
+        rt.activity = rt.group.activity if rt.group is not None else Activity()
+        GLOBAL.activity = rt.activity  # a timeline hears the API's gradient buckets
         rt.checks = os.environ.get("RINGTRAIN_HVD_CHECKS", "1") not in ("0", "false", "False") if checks is None else checks
         rt.fusion_threshold = _env_int("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD)
         rt.table.reset()
@@ -107,7 +112,7 @@ def init(comm=None, process_sets=None, *, checks: bool | None = None) -> None:
         rt.initialized = True
         # HOROVOD_TIMELINE=file (Horovod's; DYNAMIC: wait for start_timeline) or ringtrain run --timeline's folder.
         wanted = os.environ.get("HOROVOD_TIMELINE") or os.environ.get(timeline.ENV)
-        if wanted and wanted != "DYNAMIC" and ACTIVITY.recorder is None:
+        if wanted and wanted != "DYNAMIC" and rt.activity.recorder is None:
             start_timeline(wanted)
     elif checks is not None:
         rt.checks = checks
@@ -256,7 +261,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     go out when they are complete, not on Horovod's cycle clock). Another call first stops the running one."""
     rt = require_init()
     stop_timeline()
-    RUNTIME.timeline = timeline.start(file_path, GLOBAL.rank(), GLOBAL.size(), timeline.job_of(rt.env))
+    RUNTIME.timeline = timeline.start(file_path, GLOBAL.rank(), GLOBAL.size(), timeline.job_of(rt.env), rt.activity)
 
 
 def stop_timeline() -> None:

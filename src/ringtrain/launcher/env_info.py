@@ -46,15 +46,6 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def visible_gpus() -> int:
-    """CUDA GPUs torch sees here (after CUDA_VISIBLE_DEVICES); 0 without torch or CUDA. Imports torch."""
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def open_files_limit() -> int | None:
     """This process's soft limit on open file descriptors (``ulimit -n``); None where unknown or unlimited."""
     try:

@@ -88,7 +88,9 @@ def oversubscription(plan: Plan) -> str | None:
                 f"HINT: use --nproc-per-node {OVERSUBSCRIBED * cores} or fewer (--nproc-per-node cpu starts one per "
                 "core), or spread the job over more nodes.")
     if plan.gpus is None:  # --gpus already allows at most one worker per listed GPU
-        gpus = env_info.visible_gpus()
+        from ..parallel import devices  # imports torch: only once the command line is known to be right
+
+        gpus = devices.visible_gpus().count
         if gpus and workers > OVERSUBSCRIBED * gpus:
             return (f"warning: {workers} workers on this node, and {gpus} GPU(s) visible: if the workers use the "
                     f"GPUs, more than {OVERSUBSCRIBED} share each one.\n"

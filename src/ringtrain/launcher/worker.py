@@ -132,7 +132,7 @@ def observe_plain_script(poll_s: float = 1.0) -> None:
         from ringtrain.liveness import membership as liveness, watchdog
         from ringtrain.parallel import environments
 
-        if liveness.ACTIVE is not None or liveness.LAST is not None:
+        if liveness.has_joined():
             return
         env = environments.detect()
         if env.world_size < 2:

@@ -3,7 +3,8 @@
 The main thread only writes attributes (a phase name and a time, a counter): nothing on the hot
 path touches the store or takes a lock. The watchdog thread reads them, and the main thread's
 Python stack (``sys._current_frames``, documented for tools like this one), at most twice a second.
-There is one per process because a process has one main thread: ``ACTIVITY``.
+The Ring (or ``hvd.init()``'s process group) makes one and hands it to what reports to it: its loaders, its
+optimizer, its checkpoints, ``ring.log``, the timeline, and the watchdog that reads it. Nothing here is global.
 
 * ``phase`` — what ringtrain's layers say the loop is in: ``data`` (a ring loader fetching a
   batch), ``forward`` (the batch is out, before ``ring.backward``), ``backward``, ``optimizer``,
@@ -24,17 +25,14 @@ import threading
 import time
 import traceback
 from collections import deque
-from typing import Iterator
+from types import CodeType, FrameType
+from typing import Callable, Iterator
 
-_COLLECTIVE_FILES = (
-    f"{os.sep}torch{os.sep}distributed{os.sep}",
-    f"{os.sep}torch{os.sep}nn{os.sep}parallel{os.sep}distributed.py",
-    f"{os.sep}ringtrain{os.sep}comm{os.sep}",
-    f"{os.sep}ringtrain{os.sep}loop{os.sep}collectives.py",
-    # a sharded checkpoint: DCP's collectives, or waiting for the writer thread's (whose peers may be gone)
-    f"{os.sep}ringtrain{os.sep}checkpoint{os.sep}sharded.py",
-)
-_BACKWARD_FILES = (f"{os.sep}torch{os.sep}autograd{os.sep}",)
+# The engine's modules: a main thread inside one of them is in a collective of torch.distributed's (a script's own
+# dist.all_reduce, DDP's forward broadcast, FSDP's all-gathers, DCP's collectives). Told by module name, which
+# is torch's API, not by file path.
+_ENGINE = ("torch.distributed", "torch.nn.parallel.distributed")
+_BACKWARD = ("torch.autograd",)  # DDP's gradient all-reduce runs inside autograd (backward_syncs)
 _WRAPPERS = ("wrapper", "inner", "_fn", "decorate_context")  # decorators around torch.distributed's functions
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/ringtrain
 WINDOW = 50  # steps the rolling times cover
@@ -131,30 +129,52 @@ class Activity:
                 self.recorder.leave(phase)
 
 
-ACTIVITY = Activity()
-
-
 def main_frame():
     return sys._current_frames().get(threading.main_thread().ident)
 
 
-def collective_in_progress(backward_syncs: bool) -> str | None:
-    """What the main thread is blocked in, if it is a collective; else None."""
-    if ACTIVITY.alone:
+# Code objects of ringtrain's own functions in which the main thread waits for other ranks (``waits_for_peers``),
+# each with how it names what it waits for. A decorator's registry: static, filled at import, never changed after.
+_WAITING: dict[CodeType, Callable[[FrameType], str]] = {}
+
+
+def waits_for_peers(describe: Callable[[FrameType], str] | None = None):
+    """Mark a function as one where the main thread waits for other ranks (a collective's ``wait``): the watchdog
+    counts time in it as time in a collective. ``describe(frame)`` names what it waits for (default: its name).
+    The mark is on the function itself: renaming or moving a file changes nothing the watchdog concludes."""
+
+    def mark(fn):
+        _WAITING[fn.__code__] = describe or (lambda frame, name=fn.__qualname__: name)
+        return fn
+
+    return mark
+
+
+def blocked_in(activity: "Activity | None", backward_syncs: bool, frame: FrameType | None = None) -> str | None:
+    """What the main thread is blocked in, if it waits for other ranks; else None. Marked functions of ringtrain
+    (``waits_for_peers``) and the engine's modules count; a DDP backward too when ``backward_syncs``. The
+    outermost such frame names it (the call the user made), unless a ring collective says what it is."""
+    if activity is not None and activity.alone:
         return None
-    frame = main_frame()
+    frame = main_frame() if frame is None else frame
     found = None
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if any(part in filename for part in _COLLECTIVE_FILES):
-            if frame.f_code.co_name not in _WRAPPERS:
-                found = frame.f_code.co_name  # keep the outermost: the call the user made
-        elif backward_syncs and any(part in filename for part in _BACKWARD_FILES):
+        code = frame.f_code
+        module = frame.f_globals.get("__name__", "")
+        if code in _WAITING:
+            try:
+                found = _WAITING[code](frame)
+            except Exception:  # noqa: BLE001 - a frame seen from another thread: describe as best we can
+                found = code.co_name
+        elif module.startswith(_ENGINE):
+            if code.co_name not in _WRAPPERS:
+                found = code.co_name  # keep the outermost: the call the user made
+        elif backward_syncs and module.startswith(_BACKWARD):
             found = "backward (gradient all-reduce)"
         frame = frame.f_back
     if found is None:
         return None
-    return ACTIVITY.current or found
+    return (activity.current if activity is not None else None) or found
 
 
 def _library_dirs() -> tuple[str, ...]:

@@ -38,17 +38,15 @@ from typing import Any, Iterator
 
 from ..errors import one_line
 from . import failures, procs, stall
-from .activity import ACTIVITY, collective_in_progress  # noqa: F401  (re-exported: the layers that bump it)
+from .activity import Activity
 from .board import Board
 from .records import Blame, Post
 from .watchdog import GRACE_S, POLL_S, STALL_WARNING_S, Watchdog, default_checks, vanished_blame  # noqa: F401
 
 __all__ = [
-    "ACTIVE", "ACTIVITY", "Board", "EXIT_BOUND_S", "GRACE_S", "LAST", "LOST_PEER_WAIT_S", "Membership", "POLL_S",
-    "STALL_WARNING_S", "Watchdog", "bound_exit", "bounded", "collective_in_progress", "explain", 
-    "leave_process", "lost_a_peer", "plain_board", "post_failure", "store_host_lost",
-    "stuck_peer",
-    "timed_out", "vanished_blame",
+    "Board", "EXIT_BOUND_S", "GRACE_S", "LOST_PEER_WAIT_S", "Membership", "POLL_S",
+    "STALL_WARNING_S", "Watchdog", "bound_exit", "bounded", "explain", "has_joined", "leave_process", "lost_a_peer",
+    "plain_board", "post_failure", "store_host_lost", "stuck_peer", "timed_out", "vanished_blame",
 ]
 
 EXIT_BOUND_S = 10.0  # the most an exit path may take once the process has decided to leave
@@ -78,18 +76,19 @@ def bounded(seconds: float = EXIT_BOUND_S) -> Iterator[None]:
 class Membership:
     """This process's place on the board, its watchdog and its exit hooks, for one process group."""
 
-    def __init__(self, board: Board, *, backward_syncs: bool, error_file: str | None, watch: bool = True,
-                 stall_warning: float | None = STALL_WARNING_S, stopping: bool = True, note: str | None = None):
+    def __init__(self, board: Board, activity: Activity | None = None, *, backward_syncs: bool,
+                 error_file: str | None, watch: bool = True, stall_warning: float | None = STALL_WARNING_S,
+                 stopping: bool = True, note: str | None = None):
         self.board = board
         self.error_file = error_file
-        self.watchdog = Watchdog(board, backward_syncs=backward_syncs, error_file=error_file,
+        self.watchdog = Watchdog(board, activity, backward_syncs=backward_syncs, error_file=error_file,
                                  stall_warning=stall_warning, note=note,
                                  checks=None if stopping else default_checks(stopping=False)) if watch else None
         self._previous_hook: Any = None
         self._left = False
 
     def start(self) -> None:
-        global ACTIVE
+        global _ACTIVE
         self.board.hello()
         if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
             # kill -USR1 <this rank>: its stacks, even while blocked in a collective (plain torchrun too).
@@ -100,11 +99,11 @@ class Membership:
             self.watchdog.start()
         self._previous_hook = sys.excepthook
         sys.excepthook = self._excepthook
-        ACTIVE = self
+        _ACTIVE = self
 
     def _excepthook(self, kind: type, value: BaseException, tb: Any) -> None:
         (self._previous_hook or sys.__excepthook__)(kind, value, tb)
-        if ACTIVE is self and not self._left and not issubclass(kind, KeyboardInterrupt):
+        if _ACTIVE is self and not self._left and not issubclass(kind, KeyboardInterrupt):
             entry = self.fail(one_line(value), value)
             # Now, not at exit: a peer stopped by this post may be gone (and this rank SIGTERMed by
             # torchrun's agent) before this rank's exit path ends; the file is what names it (failures.py).
@@ -141,8 +140,8 @@ class Membership:
         bound_exit()
 
     def leave(self) -> None:
-        global ACTIVE, LAST
-        LAST = self
+        global _ACTIVE, _LAST
+        _LAST = self
         if self._left:
             return
         self._left = True
@@ -150,12 +149,19 @@ class Membership:
             self.watchdog.halt()
         if sys.excepthook == self._excepthook:
             sys.excepthook = self._previous_hook or sys.__excepthook__
-        if ACTIVE is self:
-            ACTIVE = None
+        if _ACTIVE is self:
+            _ACTIVE = None
 
 
-ACTIVE: Membership | None = None  # the process group this process is a member of now, if any
-LAST: Membership | None = None  # the membership this process had most recently (kept after it left)
+# The one deliberate piece of process-wide state in ringtrain: sys.excepthook and the interpreter's exit are the
+# process's, so which membership they speak for is too. Read through the functions below.
+_ACTIVE: Membership | None = None  # the process group this process is a member of now, if any
+_LAST: Membership | None = None  # the membership this process had most recently (kept after it left)
+
+
+def has_joined() -> bool:
+    """Has this process been a member of a process group's board (a ring's, hvd.init's)?"""
+    return _ACTIVE is not None or _LAST is not None
 
 
 def post_failure(board: Board, reason: str, error: BaseException | None = None) -> Post:
@@ -278,7 +284,7 @@ def leave_process(status: int, reason: str, master: tuple[str, int], rank: int, 
     A ring (or hvd.init) posts on its own board; a plain torch.distributed script gets a board
     of its own on the launcher's store, so that peers' reports can name this rank.
     """
-    member = ACTIVE or LAST
+    member = _ACTIVE or _LAST
     if member is not None:
         posted = member.board.posted
         if status and not (posted and posted.state == "failed"):
@@ -294,9 +300,9 @@ def leave_process(status: int, reason: str, master: tuple[str, int], rank: int, 
 
 def explain() -> str | None:
     """Why this rank's collective failed, when the board knows: ``rank 1 finished (process exit)``."""
-    if ACTIVE is None:
+    if _ACTIVE is None:
         return None
-    first = ACTIVE.board.first_peer_post()
+    first = _ACTIVE.board.first_peer_post()
     if first is None:
         return None
     return first.as_blame().describe()

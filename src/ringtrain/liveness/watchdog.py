@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from ..errors import RingtrainError
 from . import failures, procs, stall
-from .activity import ACTIVITY, collective_in_progress, format_stacks, user_site
+from .activity import Activity, blocked_in, format_stacks, user_site
 from .board import Board
 from .records import Blame, Whereabouts
 
@@ -219,7 +219,7 @@ class SlowRanks(Check):
         if dog.board.rank != 0 or dog.now - self.last < self.EVERY_S:
             return None
         self.last = dog.now
-        epoch = ACTIVITY.epoch
+        epoch = dog.activity.epoch
         if epoch in self.said_in_epoch:
             return None
         found = stall.bottleneck(dog.board.whereabouts())
@@ -240,11 +240,14 @@ def default_checks(stopping: bool = True) -> list[Check]:
 class Watchdog(threading.Thread):
     """See the module docstring. ``stop`` is what ends the process (tests pass their own)."""
 
-    def __init__(self, board: Board, *, backward_syncs: bool, error_file: str | None,
-                 interval: float = POLL_S, grace: float = GRACE_S, stall_warning: float | None = STALL_WARNING_S,
-                 stop: Callable[[str, dict[str, Any]], None] | None = None, checks: list[Check] | None = None,
-                 note: str | None = None):
+    def __init__(self, board: Board, activity: Activity | None = None, *, backward_syncs: bool,
+                 error_file: str | None, interval: float = POLL_S, grace: float = GRACE_S,
+                 stall_warning: float | None = STALL_WARNING_S, stop: Callable[[str, dict[str, Any]], None] | None = None,
+                 checks: list[Check] | None = None, note: str | None = None):
         super().__init__(name="ringtrain-watchdog", daemon=True)
+        # What the main thread reports (its owner writes it: a ring, hvd.init); a plain script has nobody
+        # writing one, and is read from its stack alone.
+        self.activity = Activity() if activity is None else activity
         self.note = note  # a line stall reports end with (NCCL's flight recorder: flight.py)
         self.board = board.clone()
         self.backward_syncs = backward_syncs
@@ -273,7 +276,7 @@ class Watchdog(threading.Thread):
     def check(self) -> Verdict | None:
         """One round: every check in order; (message, error-file info) when this rank must stop."""
         self.now = time.monotonic()
-        self.blocked = collective_in_progress(self.backward_syncs)
+        self.blocked = blocked_in(self.activity, self.backward_syncs)
         if self.blocked is None:
             self._blocked_since = self._blocked_wall = None
         elif self._blocked_since is None:
@@ -290,9 +293,9 @@ class Watchdog(threading.Thread):
     def whereabouts(self) -> Whereabouts:
         return Whereabouts(
             rank=self.board.rank, pid=os.getpid(), host=self._host, hostname=self._hostname, beat=time.time(),
-            step=ACTIVITY.step, epoch=ACTIVITY.epoch, phase=ACTIVITY.phase, phase_since=ACTIVITY.phase_since,
-            waiting=self.blocked, waiting_since=self._blocked_wall, seq=ACTIVITY.calls, site=user_site(),
-            times=ACTIVITY.times.summary())
+            step=self.activity.step, epoch=self.activity.epoch, phase=self.activity.phase,
+            phase_since=self.activity.phase_since, waiting=self.blocked, waiting_since=self._blocked_wall,
+            seq=self.activity.calls, site=user_site(), times=self.activity.times.summary())
 
     def states_of(self, ranks: list[int]) -> dict[int, str]:
         """The process state of ``ranks`` that live on this host (stopped, running...), from /proc."""
@@ -326,7 +329,7 @@ class Watchdog(threading.Thread):
         failures.write_error_file(self.error_file, line, info.get("stack") or line, info)  # torchrun shows the 2nd
         with contextlib.suppress(Exception):
             sys.stdout.flush()
-        recorder = ACTIVITY.recorder
+        recorder = self.activity.recorder
         if recorder is not None:  # a timeline's part, up to here (the merge is left to whoever outlives us)
             with contextlib.suppress(Exception):
                 recorder.close(merge=False)

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from .. import comm
 from ..comm.store_check import StoreRows
 from ..errors import RingtrainError
-from ..liveness import membership as liveness
+from ..liveness.activity import Activity
 
 OPS = {
     "sum": comm.ReduceOp.SUM,
@@ -54,6 +54,7 @@ class Collectives:
     def __init__(self) -> None:
         self.process_set = comm.ProcessSet(None)
         self.check = False
+        self.activity = Activity()  # the ring's, once its strategy is attached: where its collectives are marked
 
     def enable_checks(self, store: dist.Store, timeout: float) -> StoreRows:
         """Check every collective first, through ``store`` (debug mode); returns the checker."""
@@ -65,7 +66,7 @@ class Collectives:
     def _calling(self, text: str) -> Iterator[None]:
         checker = self.process_set.checker
         try:
-            with liveness.ACTIVITY.calling(text), (checker.describing(text) if checker else contextlib.nullcontext()):
+            with self.activity.calling(text), (checker.describing(text) if checker else contextlib.nullcontext()):
                 yield
         except RingtrainError:
             raise

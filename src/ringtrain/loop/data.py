@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
 
 from ..errors import RingtrainError
-from ..liveness.activity import ACTIVITY
+from ..liveness.activity import Activity
 
 _END = object()
 
@@ -181,8 +181,9 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False)
 class RingLoader:
     """A DataLoader that sets its epoch, moves batches to the device and counts them."""
 
-    def __init__(self, loader: DataLoader, device: torch.device, exact: bool):
+    def __init__(self, loader: DataLoader, device: torch.device, exact: bool, activity: Activity | None = None):
         self.loader = loader
+        self.activity = Activity() if activity is None else activity  # the ring's: what the watchdog reads
         self.device = device
         self.exact = exact
         self._skip = loader.sampler if isinstance(loader.sampler, _Skip) else None
@@ -255,12 +256,12 @@ class RingLoader:
         try:
             while True:
                 if not self.exact:
-                    ACTIVITY.times.step_begins(time.perf_counter())
-                with ACTIVITY.timed(phase, "data"):
+                    self.activity.times.step_begins(time.perf_counter())
+                with self.activity.timed(phase, "data"):
                     batch = next(batches, _END)
                 if batch is _END:
                     break
-                ACTIVITY.enter(after)
+                self.activity.enter(after)
                 if self.listener is not None:
                     self.listener(self)
                 self.batches_seen += 1
@@ -309,6 +310,7 @@ def make_loader(
     world_size: int,
     seed: int,
     device: torch.device,
+    activity: Activity | None = None,
     **kwargs: Any,
 ) -> RingLoader:
     """The DataLoader for this rank; see the module docstring for the sharding rules."""
@@ -383,5 +385,5 @@ def make_loader(
     kwargs["worker_init_fn"] = _seed_worker(kwargs.get("worker_init_fn"))
     kwargs.setdefault("generator", generator)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **kwargs)
-    return RingLoader(loader, device, exact)
+    return RingLoader(loader, device, exact, activity)
 

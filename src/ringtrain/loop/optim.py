@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import RingtrainError
-from ..liveness.activity import ACTIVITY
+from ..liveness.activity import Activity
 from .step import Step
 
 
@@ -65,6 +65,7 @@ def wrap_optimizer(
     step_state: Step,
     scaler_steps: ScalerSteps,
     step_context: Callable[[torch.optim.Optimizer], Any] = lambda optimizer: contextlib.nullcontext(),
+    activity: Activity | None = None,
 ) -> torch.optim.Optimizer:
     """Gate ``optimizer.step`` / ``zero_grad`` on ``step_state``'s boundaries, in place; return it.
 
@@ -76,6 +77,7 @@ def wrap_optimizer(
     """
     if getattr(optimizer.step, "_ringtrain_gate", False):
         raise RingtrainError("ring.setup got an optimizer that a ring already set up", "pass each optimizer once.")
+    activity = Activity() if activity is None else activity  # the ring's: the watchdog reads it
     previous_step = optimizer.step
     previous_zero_grad = optimizer.zero_grad
     inside = [False]
@@ -93,7 +95,7 @@ def wrap_optimizer(
             return None
         if step_state.take_drop():
             return None  # ring.backward saw a non-finite loss in this window (nonfinite="skip")
-        with step_context(optimizer), ACTIVITY.timed("optimizer", "sync"):
+        with step_context(optimizer), activity.timed("optimizer", "sync"):
             if scaler.is_enabled():
                 # The scaler unscales (unless clipping already did) and skips the step if any
                 # gradient is inf/NaN; ScalerSteps updates the scale once all optimizers stepped.
@@ -108,7 +110,7 @@ def wrap_optimizer(
             else:
                 result = previous_step(closure) if closure is not None else previous_step()
         step_state.stepped()
-        ACTIVITY.step = step_state.optimizer_steps
+        activity.step = step_state.optimizer_steps
         return result
 
     @functools.wraps(previous_zero_grad)

@@ -47,9 +47,14 @@ def visible_gpus() -> Gpus:
     return Gpus(count, lambda: tuple(str(torch.cuda.get_device_properties(i).uuid) for i in range(count)))
 
 
-def check_requested(device: str, gpus: Gpus) -> None:
+def check_device_name(device: str) -> None:
+    """``Ring(device=...)`` names a choice this module knows."""
     if device not in DEVICES:
         raise RingtrainError(f"Ring got device={device!r}", "use 'auto', 'cpu' or 'cuda'.")
+
+
+def check_requested(device: str, gpus: Gpus) -> None:
+    check_device_name(device)
     if device == "cuda" and gpus.count == 0:
         raise RingtrainError("Ring(device='cuda') was asked for, but torch sees no CUDA device",
                              "use device='auto' (the CPU when there is no GPU); `ringtrain env` shows what torch finds.")

@@ -21,6 +21,7 @@ import json
 import os
 import tempfile
 import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -28,10 +29,12 @@ from torch.distributed.rendezvous import rendezvous
 
 from ..errors import RingtrainError, one_line
 from ..liveness import flight, membership as liveness
+from ..liveness.activity import Activity
+from ..liveness.watchdog import STALL_WARNING_S, stall_warning_of
 from . import devices
 from .environments import Environment
 
-DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)  # torch.distributed's own default for Gloo and NCCL
 
 
 def as_timeout(value: float | datetime.timedelta) -> datetime.timedelta:
@@ -41,30 +44,48 @@ def as_timeout(value: float | datetime.timedelta) -> datetime.timedelta:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise RingtrainError(f"Ring got timeout={value!r}", "pass a positive number of seconds or a datetime.timedelta.")
     return datetime.timedelta(seconds=float(value))
+
+
+@dataclass(frozen=True)
+class GroupOptions:
+    """How this process joins its job, checked once (``of``) and then handed down as one object: the strategy,
+    its process group, the liveness membership and its watchdog read what they need from it.
+
+    ``activity`` is what the main thread reports (its phase, step, collectives); the one who made the options
+    (a Ring, ``hvd.init()``) writes it, the watchdog reads it."""
+
+    device: str = "auto"
+    backend: str | None = None
+    init_method: str | None = None
+    timeout: datetime.timedelta = DEFAULT_TIMEOUT
+    stall_warning: float | None = STALL_WARNING_S  # seconds in one collective before the stall report; None: never
+    activity: Activity = field(default_factory=Activity, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, *, device: str = "auto", backend: str | None = None, init_method: str | None = None,
+           timeout: float | datetime.timedelta = DEFAULT_TIMEOUT, stall_warning: float | None | str = "default",
+           activity: Activity | None = None) -> "GroupOptions":
+        """Ring's arguments, each validated here: seconds or a timedelta; ``stall_warning="default"`` reads
+        ``RINGTRAIN_STALL_WARNING`` (watchdog.stall_warning_of)."""
+        devices.check_device_name(device)
+        return cls(device, backend, init_method, as_timeout(timeout), stall_warning_of(stall_warning),
+                   Activity() if activity is None else activity)
 _formations = 0  # process groups this process has formed: part of the liveness board's generation
 
 
 class ProcessGroup:
     """The job's default process group, as one rank sees it."""
 
-    def __init__(
-        self,
-        env: Environment,
-        *,
-        device: str = "auto",
-        backend: str | None = None,
-        init_method: str | None = None,
-        timeout: datetime.timedelta = DEFAULT_TIMEOUT,
-        backward_syncs: bool = False,
-        gpus: devices.Gpus | None = None,
-        stall_warning: float | None = liveness.STALL_WARNING_S,
-    ):
+    def __init__(self, env: Environment, options: GroupOptions | None = None, *, backward_syncs: bool = False,
+                 gpus: devices.Gpus | None = None):
+        options = GroupOptions() if options is None else options
         self.env = env
-        self.timeout = timeout
-        self.stall_warning = stall_warning
-        self.init_method = init_method
+        self.options = options
+        self.timeout = options.timeout
+        self.init_method = options.init_method
+        self.activity = options.activity
         self.backward_syncs = backward_syncs  # DDP: a blocked backward is a blocked collective
-        self._requested = (device, backend)
+        device, backend = self._requested = (options.device, options.backend)
         self._gpus = devices.visible_gpus() if gpus is None else gpus
         devices.check_requested(device, self._gpus)
         self._device: torch.device | None = None
@@ -129,8 +150,9 @@ class ProcessGroup:
         self._owns_group = True
         self.store = dist.PrefixStore(f"ringtrain/{generation}", raw)  # this formation's keys only
         if board is not None:
-            self.membership = liveness.Membership(board, backward_syncs=self.backward_syncs,
-                                                  error_file=self.env.error_file, stall_warning=self.stall_warning,
+            self.membership = liveness.Membership(board, self.activity, backward_syncs=self.backward_syncs,
+                                                  error_file=self.env.error_file,
+                                                  stall_warning=self.options.stall_warning,
                                                   note=flight.note(self.backend, os.environ))
             self.membership.start()
             atexit.register(self._at_exit)

@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..comm.powersgd import PowerSGD
 from ..errors import RingtrainError
 from ..parallel.environments import Environment
-from .base import BackwardSyncControl, Distributed, PipelineSchedule, Strategy
+from .base import BackwardSyncControl, Distributed, PipelineSchedule, StageData, Strategy
 from .ddp import DDP
 from .dp import DataParallel
 from .fsdp import FSDP
@@ -40,7 +40,7 @@ NAMES = ("auto", *REGISTRY)
 
 __all__ = [
     "BackwardSyncControl", "DDP", "DataParallel", "Distributed", "FSDP", "Horovod", "Pipeline", "PipelineSchedule",
-    "PowerSGD", "REGISTRY", "Single", "Strategy", "check_setup", "module_options", "resolve",
+    "PowerSGD", "REGISTRY", "Single", "StageData", "Strategy", "check_setup", "module_options", "resolve",
 ]
 
 

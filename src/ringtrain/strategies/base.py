@@ -4,8 +4,9 @@ A strategy is an object the user may build with its own options
 (``rt.strategies.DDP(find_unused_parameters=True)``) and hand to ``Ring``. Its life:
 
 1. ``__init__(**options)`` — validates its own options (nothing about the job yet);
-2. ``attach(env, device=, backend=, init_method=, timeout=)`` — the Ring tells it which
-   process of which job it is; a strategy refuses a job it cannot run here;
+2. ``attach(env, options)`` — the Ring tells it which process of which job it is, and how to
+   join it (``parallel.group.GroupOptions``: device, backend, rendezvous, timeout, stall warning,
+   the activity the watchdog reads); a strategy refuses a job it cannot run here;
 3. ``configure(accumulate=, nonfinite=, sync_batchnorm=)`` — the Ring tells it how it will
    be driven; a strategy refuses what it cannot do (or adapts: Horovod's
    ``backward_passes_per_step``);
@@ -21,9 +22,8 @@ code asks for with ``isinstance`` (docs/architecture.md, principle 2) — never 
 from __future__ import annotations
 
 import contextlib
-import datetime
 from abc import ABC, abstractmethod
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
@@ -33,7 +33,7 @@ from ..checkpoint.state import gather_full, is_sharded, load_module_state
 from ..errors import RingtrainError
 from ..loop import collectives
 from ..parallel.environments import Environment
-from ..parallel.group import DEFAULT_TIMEOUT, ProcessGroup
+from ..parallel.group import GroupOptions, ProcessGroup
 from ..parallel.mesh import Layout, build as build_mesh, data_layout
 from ..parallel.stages import spans_devices
 from .materialize import check as check_meta, materialize, on_meta, rank0_rng_state
@@ -48,38 +48,39 @@ class Strategy(ABC):
     def __init__(self) -> None:
         self.collectives = collectives.Collectives()  # the ring's own (Strategy.all_reduce & co.)
         self._env: Environment | None = None
-        self.device_request = "auto"
-        self.backend_request: str | None = None
-        self.init_method: str | None = None
-        self.timeout: datetime.timedelta = DEFAULT_TIMEOUT
-        self.stall_warning: float | None = 60.0
+        self.options = GroupOptions()  # how to join the job: the Ring's, once attached
 
     # --- joining a job ---------------------------------------------------------------
-    def attach(
-        self,
-        env: Environment,
-        *,
-        device: str = "auto",
-        backend: str | None = None,
-        init_method: str | None = None,
-        timeout: datetime.timedelta = DEFAULT_TIMEOUT,
-        stall_warning: float | None = 60.0,
-    ) -> "Strategy":
-        """Make this strategy the one of process ``env`` (once); returns it. ``stall_warning``: seconds a
-        rank may wait in a collective before the job's stall report (None: never)."""
+    def attach(self, env: Environment, options: GroupOptions | None = None, **asked: Any) -> "Strategy":
+        """Make this strategy the one of process ``env`` (once); returns it. ``options`` say how to join the job
+        (or ``asked``: ``GroupOptions.of``'s keywords, e.g. ``device="cpu"``)."""
         if self._env is not None:
             raise RingtrainError(
                 f"this {type(self).__name__} strategy object already serves a Ring",
                 "build a new strategy object for each Ring (rt.strategies.DDP(...) inside the function that makes it).",
             )
         self._env = env
-        self.device_request, self.backend_request = device, backend
-        self.init_method, self.timeout, self.stall_warning = init_method, timeout, stall_warning
+        self.options = options if options is not None else GroupOptions.of(**asked)
+        self.collectives.activity = self.options.activity
         self.check_job()
+        self.join_job()
         return self
+
+    @property
+    def activity(self) -> Any:
+        """What this process's main thread reports (liveness/activity.py): the options' (the Ring's)."""
+        return self.options.activity
+
+    @property
+    def device_request(self) -> str:
+        return self.options.device
 
     def check_job(self) -> None:
         """Refuse a job this strategy cannot run (called by ``attach``)."""
+
+    def join_job(self) -> None:
+        """Prepare to join the job (called by ``attach``, after ``check_job``): ``Distributed`` makes its
+        process-group service here; it forms in ``setup_environment``."""
 
     def configure(self, *, accumulate: int = 1, nonfinite: str = "raise", sync_batchnorm: bool = False) -> None:
         """How the Ring will drive this strategy; refuse (RingtrainError) what it cannot do."""
@@ -325,10 +326,8 @@ class Distributed(Strategy):
             self._checkpoint_group = dist.new_group(backend="gloo")
         return self._checkpoint_group
 
-    def check_job(self) -> None:
-        self.group = ProcessGroup(self.env, device=self.device_request, backend=self.backend_request,
-                                  init_method=self.init_method, timeout=self.timeout, stall_warning=self.stall_warning,
-                                  backward_syncs=self.backward_syncs)
+    def join_job(self) -> None:
+        self.group = ProcessGroup(self.env, self.options, backward_syncs=self.backward_syncs)
 
     @property
     def device(self) -> torch.device:
@@ -357,6 +356,29 @@ class PipelineSchedule(ABC):
     def pipeline_step(self, x: Any, y: Any, loss_fn: Any, *, divisor: int = 1, sync: bool = True,
                       scaler: Any = None) -> torch.Tensor:
         """Forward and backward of one batch through the stages; its mean loss on every rank."""
+
+
+class StageData(ABC):
+    """Mixin: a data-parallel strategy a pipeline composes with (``Pipeline(data=...)``), applied to each stage on
+    the stage's sub-mesh of D replicas (torchtitan's ``apply_*`` shape). Any strategy that implements it composes;
+    the pipeline never asks which one it is."""
+
+    shards_state = False  # the stage's parameters are shards (FSDP): checkpoints are sharded folders
+
+    @abstractmethod
+    def dims_over(self, replicas: int) -> tuple[tuple[str, int], ...]:
+        """Its mesh dimensions over ``replicas`` ranks (mesh.py), outermost first; raise what does not divide."""
+
+    @abstractmethod
+    def place_stage(self, stage: nn.Module, *, mesh: Any, device: torch.device, precision: Any, meta: bool,
+                    broadcast: Callable[[torch.Tensor], None]) -> None:
+        """Put ``stage`` (in place) where this rank keeps it: on ``device``, sharded over ``mesh``, under
+        ``precision``. ``meta``: built on the meta device (the pipeline initialises it afterwards);
+        ``broadcast(tensor)`` gives a tensor the first replica's values on every replica."""
+
+    @abstractmethod
+    def run_stage(self, stage: nn.Module, *, mesh: Any, device: torch.device) -> nn.Module:
+        """What the schedule runs for ``stage`` once every stage is initialised (e.g. wrapped in DDP)."""
 
 
 class BackwardSyncControl:

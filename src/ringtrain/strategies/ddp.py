@@ -15,12 +15,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..comm import ddp_hooks
 from ..errors import RingtrainError
+from ..parallel.mesh import data_layout
 from ..parallel.stages import spans_devices
 from ..tracking import timeline
-from .base import BackwardSyncControl, Distributed
+from .base import BackwardSyncControl, Distributed, StageData
 
 
-class DDP(Distributed, BackwardSyncControl):
+class DDP(Distributed, BackwardSyncControl, StageData):
     """``rt.strategies.DDP(...)``: torch's DistributedDataParallel, one process per device.
 
     The keyword options are DistributedDataParallel's own (``find_unused_parameters``,
@@ -57,11 +58,24 @@ class DDP(Distributed, BackwardSyncControl):
                 f"{type(module).__name__} has no trainable parameters, so DDP has nothing to synchronise",
                 "pass the model you train to ring.setup, or use ring.setup only for trainable models.",
             )
-        return self.replicate(module, None, self.device, **options)
+        return self.apply(module, None, self.device, **options)
 
-    def replicate(self, module: nn.Module, group: Any, device: Any, **options: Any) -> DistributedDataParallel:
-        """``module`` (on ``device``) as torch's DistributedDataParallel over ``group`` (None: the whole job);
-        a pipeline replicates each stage over its data sub-mesh with it."""
+    # --- in a pipeline (StageData): each stage replicated over its sub-mesh of D ranks ------------
+    def dims_over(self, replicas: int) -> tuple[tuple[str, int], ...]:
+        return data_layout(replicas)
+
+    def place_stage(self, stage: nn.Module, *, mesh: Any, device: Any, precision: Any, meta: bool,
+                    broadcast: Any) -> None:
+        stage.to_empty(device=device) if meta else stage.to(device)
+        if precision is not None:
+            precision.wrap_forward(stage)  # autocast around each stage forward, float32 out
+
+    def run_stage(self, stage: nn.Module, *, mesh: Any, device: Any) -> nn.Module:
+        # DDP starts the replicas from the first one's weights and averages their gradients.
+        return self.apply(stage, mesh.get_group(), device) if mesh.size() > 1 else stage
+
+    def apply(self, module: nn.Module, group: Any, device: Any, **options: Any) -> DistributedDataParallel:
+        """``module`` (on ``device``) as torch's DistributedDataParallel over ``group`` (None: the whole job)."""
         # A module on several devices (model parallel inside each process) must leave device_ids
         # unset (DistributedDataParallel's documented rule for multi-device modules).
         device_ids = [device.index] if device.type == "cuda" and not spans_devices(module) else None
@@ -71,7 +85,8 @@ class DDP(Distributed, BackwardSyncControl):
                                           **{**self.ddp_options, **options})
         made = ddp_hooks.make_hook(self.resolved(module, group), module, group)
         state, hook = made if made is not None else (group, None)
-        hook = timeline.comm_hook(hook)  # a timeline records each bucket's all-reduce (None: DDP's built-in)
+        # A timeline records each bucket's all-reduce (None: DDP's built-in).
+        hook = timeline.comm_hook(hook, self.activity.recorder)
         if hook is not None:
             wrapped.register_comm_hook(state, hook)
         if made is not None:

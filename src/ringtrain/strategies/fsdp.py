@@ -36,12 +36,12 @@ from torch import nn
 from ..errors import RingtrainError
 from ..parallel.mesh import Layout, data_layout
 from . import _units, materialize
-from .base import BackwardSyncControl, Distributed
+from .base import BackwardSyncControl, Distributed, StageData
 
 OFFLOADS = (None, "cpu")
 
 
-class FSDP(Distributed, BackwardSyncControl):
+class FSDP(Distributed, BackwardSyncControl, StageData):
     """``rt.strategies.FSDP(wrap="auto", reshard_after_forward=True, offload=None, replicate=1)``.
 
     ``wrap``: the shard units ("auto", a list of module classes, a function ``(name, module) ->
@@ -95,6 +95,20 @@ class FSDP(Distributed, BackwardSyncControl):
 
     def layout(self) -> Layout:
         return Layout(data_layout(self.world_size, self.replicate, shard=True))
+
+    # --- in a pipeline (StageData): each stage sharded over its sub-mesh of D ranks ---------------
+    def dims_over(self, replicas: int) -> tuple[tuple[str, int], ...]:
+        if replicas % self.replicate:
+            raise RingtrainError(f"Pipeline(data=FSDP(replicate={self.replicate})) does not divide the {replicas} "
+                                 "replicas of each stage", f"choose replicate among the divisors of {replicas}.")
+        return data_layout(replicas, self.replicate, shard=True)
+
+    def place_stage(self, stage: nn.Module, *, mesh: Any, device: torch.device, precision: Any, meta: bool,
+                    broadcast: Any) -> None:
+        self.shard(stage, precision, mesh, device, broadcast=broadcast, init=False)
+
+    def run_stage(self, stage: nn.Module, *, mesh: Any, device: torch.device) -> nn.Module:
+        return stage  # the shards are the stage
 
     @property
     def data_mesh(self) -> Any:

@@ -83,6 +83,7 @@ class Horovod(Distributed):
     def setup_environment(self) -> None:
         super().setup_environment()
         self.process_set.bind()  # its gradient group, and under NCCL a Gloo twin for CPU tensors
+        self.process_set.activity = self.activity  # a ring's timeline hears its gradient buckets
 
     def enable_collective_checks(self, timeout: float) -> None:
         """Ring(debug_collectives=...): the ring's collectives and every gradient synchronisation are

@@ -47,11 +47,11 @@ from torch.distributed.pipelining import (
 
 from ..checkpoint import state
 from ..errors import RingtrainError
-from ..parallel.mesh import PP, Layout, data_layout
+from ..parallel.mesh import PP, Layout
 from ..parallel.stages import Stage, cut, dynamic_mode_problem, meta_copy, meta_shapes, release
 from . import materialize
 from ._pipeline_state import StageCheckpoints
-from .base import Distributed, PipelineSchedule
+from .base import Distributed, PipelineSchedule, StageData
 from .ddp import DDP
 from .fsdp import FSDP
 
@@ -64,16 +64,18 @@ def _positive(name: str, value: Any) -> int:
     return value
 
 
-def _data_strategy(data: Any) -> DDP | FSDP:
+def _data_strategy(data: Any) -> StageData:
+    """``data=``: a strategy that composes with a pipeline (the ``StageData`` contract), or its name."""
     if data is None or data == "ddp":
         return DDP()
     if data == "fsdp":
         return FSDP()
-    if isinstance(data, (DDP, FSDP)):
+    if isinstance(data, StageData):
         return data
     raise RingtrainError(f"Pipeline got data={data!r}",
                          "use data=rt.strategies.DDP() (the default: each stage replicated) or data=rt.strategies.FSDP() "
-                         "(each stage sharded over its replicas), or the names 'ddp' / 'fsdp'.")
+                         "(each stage sharded over its replicas), the names 'ddp' / 'fsdp', or a strategy of your own "
+                         "that implements rt.strategies.StageData.")
 
 
 class Pipeline(StageCheckpoints, Distributed, PipelineSchedule):
@@ -93,7 +95,8 @@ class Pipeline(StageCheckpoints, Distributed, PipelineSchedule):
                  data: Any = None):
         super().__init__()
         self.data = _data_strategy(data)
-        self.shards_state = isinstance(self.data, FSDP)
+        self._data_given = data is not None and data != "ddp"  # shown by repr
+        self.shards_state = self.data.shards_state
         self.num_stages = _positive("stages", stages)
         self.microbatches = _positive("microbatches", microbatches)
         if schedule not in SCHEDULES:
@@ -116,7 +119,6 @@ class Pipeline(StageCheckpoints, Distributed, PipelineSchedule):
         self.schedule = schedule
         self.split_at = split_at
         self.pp_group: dist.ProcessGroup | None = None
-        self.dp_group: dist.ProcessGroup | None = None
         self._local: list[Stage] = []  # this rank's stages, as the user's modules (FSDP shards them in place)
         self._names_at_wrap: dict[int, str] = {}  # id of a local parameter as the user built it -> its name
         self._runners: list[nn.Module] = []  # what the schedule runs: each local stage, DDP-wrapped when replicated
@@ -137,7 +139,7 @@ class Pipeline(StageCheckpoints, Distributed, PipelineSchedule):
     def __repr__(self) -> str:
         return (f"Pipeline(stages={self.num_stages}, microbatches={self.microbatches}, schedule={self.schedule!r}"
                 + (f", split_at={self.split_at!r}" if self.split_at is not None else "")
-                + (f", data={self.data!r})" if isinstance(self.data, FSDP) else ")"))
+                + (f", data={self.data!r})" if self._data_given else ")"))
 
     def check_job(self) -> None:
         if self.env.world_size % self.num_stages:
@@ -146,19 +148,13 @@ class Pipeline(StageCheckpoints, Distributed, PipelineSchedule):
                 f"start a multiple of {self.num_stages} processes (W = stages x replicas), or choose stages among the "
                 f"divisors of {self.env.world_size}.",
             )
-        replicas = self.env.world_size // self.num_stages
-        if isinstance(self.data, FSDP) and replicas % self.data.replicate:
-            raise RingtrainError(f"Pipeline(data=FSDP(replicate={self.data.replicate})) does not divide the {replicas} "
-                                 "replicas of each stage", f"choose replicate among the divisors of {replicas}.")
+        self.data.dims_over(self.env.world_size // self.num_stages)  # refuses what does not divide
         super().check_job()
         self.stage_index = self.layout().coordinates(self.env.rank)[PP]
 
     def layout(self) -> Layout:
         """("pp", S), then the data strategy's dimensions over the D = W / S replicas of each stage."""
-        replicas = self.world_size // self.num_stages
-        if isinstance(self.data, FSDP):
-            return Layout(((PP, self.num_stages), *data_layout(replicas, self.data.replicate, shard=True)))
-        return Layout(((PP, self.num_stages), *data_layout(replicas)))
+        return Layout(((PP, self.num_stages), *self.data.dims_over(self.world_size // self.num_stages)))
 
     @property
     def data_mesh(self) -> Any:
@@ -185,8 +181,6 @@ class Pipeline(StageCheckpoints, Distributed, PipelineSchedule):
     def setup_environment(self) -> None:
         super().setup_environment()  # the mesh: its sub-meshes carry the pipeline's and the replicas' groups
         self.pp_group = self.mesh[PP].get_group()
-        data = self.data_mesh
-        self.dp_group = data.get_group() if data.ndim == 1 else None
 
     # --- model and optimizer ----------------------------------------------------
     def wrap_module(self, module: nn.Module, split_at: list[str] | None = None, precision: Any = None, **_: Any) -> nn.Module:
@@ -222,28 +216,19 @@ class Pipeline(StageCheckpoints, Distributed, PipelineSchedule):
             materialize.check(module)
             rng = materialize.rank0_rng_state(self.broadcast_object)
         release(root, keep=self._local)
-        sharded = isinstance(self.data, FSDP)
-        # Shapes are worked out on meta tensors (stages.meta_shapes); an FSDP stage's own forward would
+        sharded = self.data.shards_state
+        # Shapes are worked out on meta tensors (stages.meta_shapes); a sharded stage's own forward would
         # gather its shards, so it is worked out on a meta copy made before sharding.
         self._all_stages = [meta_copy(st) if sharded and i in self._local_indices else st for i, st in enumerate(stages)]
         for stage in self._local:
-            if sharded:
-                self.data.shard(stage, precision, self.data_mesh, self.device, broadcast=self._from_first_replica,
-                                init=False)
-            else:
-                stage.to_empty(device=self.device) if meta else stage.to(self.device)
-                if precision is not None:
-                    precision.wrap_forward(stage)  # autocast around each stage forward, float32 out
+            self.data.place_stage(stage, mesh=self.data_mesh, device=self.device, precision=precision, meta=meta,
+                                  broadcast=self._from_first_replica)
             stage.register_forward_hook(self._check_shapes)  # after autocast's: it sees what is sent
         if meta:
             materialize.materialize(root, rng)  # every stage in order: the random stream of the whole model
         self._sending = {id(st) for st, i in zip(self._local, self._local_indices) if i != n - 1}
-        # Replicas of a stage: torch's DDP on the stage's data sub-mesh (it starts them from the first
-        # replica's weights and averages their gradients), or FSDP's shards (made above).
-        if not sharded and self.data_parallel_size > 1:
-            self._runners = [self.data.replicate(stage, self.dp_group, self.device) for stage in self._local]
-        else:
-            self._runners = list(self._local)
+        # What the schedule runs: the data strategy's stage on the stage's data sub-mesh (DDP's replicas, FSDP's shards).
+        self._runners = [self.data.run_stage(stage, mesh=self.data_mesh, device=self.device) for stage in self._local]
         self._schedules.clear()
         return self._runners[0] if len(self._runners) == 1 else nn.ModuleList(self._runners)
 

@@ -25,7 +25,7 @@ import time
 from typing import Any, Mapping
 
 from ..errors import RingtrainError
-from ..liveness.activity import ACTIVITY
+from ..liveness.activity import Activity
 from . import adapter, reduce as reducing
 from .table import Table
 
@@ -42,7 +42,9 @@ def default_folder(log_dir: str | None, checkpoint_dir: str | None) -> str:
 class RunLog:
     """See the module docstring. ``log_with``: backends asked for besides metrics.csv (adapter.py)."""
 
-    def __init__(self, log_dir: str | None = None, log_with: Any = (), checkpoint_dir: str | None = None):
+    def __init__(self, log_dir: str | None = None, log_with: Any = (), checkpoint_dir: str | None = None,
+                 activity: Activity | None = None):
+        self.activity = Activity() if activity is None else activity  # the ring's: its step times
         self.backends = adapter.backends(log_with)  # a backend asked for but not installed is named now
         self.folder = default_folder(log_dir, checkpoint_dir)
         self.latest: dict[str, float] = {}  # the last values logged (the progress bar shows them)
@@ -66,7 +68,7 @@ class RunLog:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise RingtrainError(f"ring.log got step={step!r}", "give a step >= 0 (an int), or leave it out: "
                                  "the optimizer step count is the default.")
-        times = ACTIVITY.times
+        times = self.activity.times
         now = [float(times.steps), times.total["data"], times.total["sync"], times.total["step"]]
         interval = [a - b for a, b in zip(now, self._times)]
         self._times = now

@@ -44,7 +44,7 @@ from collections import deque
 from typing import Any, Callable
 
 from ..errors import RingtrainError
-from ..liveness.activity import ACTIVITY
+from ..liveness.activity import Activity
 
 KEEP_STEPS = 1000  # steps kept in memory (and in the part) per rank: the last ones
 MAIN, GRADS = 0, 1  # thread lanes: the main thread; the gradient all-reduces
@@ -93,8 +93,9 @@ class Recorder:
     """One process's events, written to its part file at ``close()``. See the module docstring."""
 
     def __init__(self, folder: str, name: str, rank: int, world_size: int, job: str, *,
-                 keep_steps: int = KEEP_STEPS, merge: bool = True):
+                 keep_steps: int = KEEP_STEPS, merge: bool = True, activity: Activity | None = None):
         self.folder, self.name, self.rank, self.world_size, self.job = folder, name, rank, world_size, job
+        self.activity = activity  # whose phases it hears (it is that activity's recorder until closed)
         self.merge = merge
         self.steps: deque[list] = deque(maxlen=keep_steps)  # the events of finished steps
         self.current: list = []  # (name, category, lane, start s, end s, step, args): the step in progress
@@ -170,8 +171,8 @@ class Recorder:
         if self.closed:
             return
         self.closed = True
-        if ACTIVITY.recorder is self:
-            ACTIVITY.recorder = None
+        if self.activity is not None and self.activity.recorder is self:
+            self.activity.recorder = None
         atexit.unregister(self._at_exit)
         self._close_phase(time.time())
         try:
@@ -206,11 +207,12 @@ class _Span:
             self.recorder.leave(self.phase)
 
 
-def start(target: str, rank: int, world_size: int, job: str, **options: Any) -> Recorder:
-    """Record into ``target`` (a folder, or Horovod's ``FILE.json``) from now on; returns the recorder."""
+def start(target: str, rank: int, world_size: int, job: str, activity: Activity, **options: Any) -> Recorder:
+    """Record ``activity``'s phases (and the collectives of whatever reports to it) into ``target`` (a folder,
+    or Horovod's ``FILE.json``) from now on; returns the recorder."""
     folder, name = check_target(target)
-    recorder = Recorder(folder, name, rank, world_size, job, **options)
-    ACTIVITY.recorder = recorder
+    recorder = Recorder(folder, name, rank, world_size, job, activity=activity, **options)
+    activity.recorder = recorder
     return recorder
 
 
@@ -223,11 +225,11 @@ def ring_target(folder: str | None) -> str | None:
     return folder
 
 
-def start_for_ring(folder: str | None, env: Any) -> Recorder | None:
-    """A ring's recorder, or None: off, or one already records in this process (hvd.start_timeline's)."""
-    if folder is None or ACTIVITY.recorder is not None:
+def start_for_ring(folder: str | None, env: Any, activity: Activity) -> Recorder | None:
+    """A ring's recorder of its ``activity``, or None: off, or one already records there."""
+    if folder is None or activity.recorder is not None:
         return None
-    return start(folder, env.rank, env.world_size, job_of(env))
+    return start(folder, env.rank, env.world_size, job_of(env), activity)
 
 
 def close(recorder: Recorder | None) -> None:
@@ -268,10 +270,9 @@ def wrap_comm_hook(hook: Callable, recorder: Recorder) -> Callable:
     return timed
 
 
-def comm_hook(hook: Callable | None) -> Callable | None:
-    """The hook DDP should register: ``hook`` itself when no timeline records; else ``hook`` (or, for
-    DDP's built-in all-reduce, torch's equivalent Python ``allreduce_hook``) recording each bucket."""
-    recorder = ACTIVITY.recorder
+def comm_hook(hook: Callable | None, recorder: Recorder | None) -> Callable | None:
+    """The hook DDP should register: ``hook`` itself when no timeline records (``recorder`` None); else ``hook``
+    (or, for DDP's built-in all-reduce, torch's equivalent Python ``allreduce_hook``) recording each bucket."""
     if recorder is None:
         return hook
     if hook is None:
