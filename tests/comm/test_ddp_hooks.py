@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import _compression_jobs as jobs
 import pytest
+from _launch_util import launch_ranks
 import torch
 
 import ringtrain as rt
@@ -25,7 +26,7 @@ def plain(run_ranks_module):
 @pytest.fixture(scope="module")
 def run_ranks_module():
     def run(fn, *args, nprocs: int = 2, timeout: float = 120):
-        return rt.launch(fn, nprocs, args=args, timeout=timeout)
+        return launch_ranks(fn, nprocs, args=args, timeout=timeout)
 
     return run
 

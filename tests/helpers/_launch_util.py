@@ -21,6 +21,13 @@ def _loopback_interface() -> str | None:
     return next((n for n in ("lo", "lo0") if n in names), None)
 
 
+def launch_ranks(fn, nprocs: int = 2, args=(), timeout: float = 120):
+    """``ringtrain.launch`` for tests whose subject is not how processes start: the ranks are forked from one
+    server that imported torch and the job modules once (conftest.py's preload), not spawned afresh (2-3 s of
+    CPU each for ``import torch``). tests/launcher/test_launch_spawn.py tests the start methods themselves."""
+    return ringtrain.launch(fn, nprocs, args=args, timeout=timeout, start_method="forkserver")
+
+
 def child_env(*pythonpath: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([*pythonpath, HELPERS, RINGTRAIN_SRC, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)

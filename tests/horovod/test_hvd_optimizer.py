@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from _launch_util import launch_ranks
 import torch
 
 import _hvd_expected as ex
@@ -15,9 +16,8 @@ N = 2
 
 @pytest.fixture(scope="module")
 def results():
-    import ringtrain
 
-    return ringtrain.launch(jobs.training, N, timeout=170)
+    return launch_ranks(jobs.training, N, timeout=170)
 
 
 def assert_close(got, want, tol=1e-5):

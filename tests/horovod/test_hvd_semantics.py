@@ -15,6 +15,7 @@ here with plain torch on one process.
 from __future__ import annotations
 
 import pytest
+from _launch_util import launch_ranks
 import torch
 
 import _hvd_semantics_jobs as jobs
@@ -24,16 +25,14 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture(scope="module")
 def named():
-    import ringtrain
 
-    return ringtrain.launch(jobs.named_and_errors, 2, timeout=170)
+    return launch_ranks(jobs.named_and_errors, 2, timeout=170)
 
 
 @pytest.fixture(scope="module")
 def joins():
-    import ringtrain
 
-    return ringtrain.launch(jobs.join_and_optimizers, 2, timeout=170)
+    return launch_ranks(jobs.join_and_optimizers, 2, timeout=170)
 
 
 def grads(factory, params, loss, rank, step):
@@ -174,9 +173,8 @@ def test_joined_rank_serves_steps_across_layout_switches(joins):
 
 
 def test_three_ranks_process_set_optimizer_and_join_order():
-    import ringtrain
 
-    results = ringtrain.launch(jobs.three_ranks, 3, timeout=170)
+    results = launch_ranks(jobs.three_ranks, 3, timeout=170)
     a = initial(jobs.model_a)
     g = [grads(jobs.model_a, a, jobs.loss_a, r, 0) for r in range(3)]
     members = sgd(a, [(x + y) / 2 for x, y in zip(g[0], g[1])])

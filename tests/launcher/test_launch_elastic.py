@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from _launch_util import child_env, free_port, ringtrain_cmd
 
-JOB = Path(__file__).with_name("_elastic_job.py")
+JOB = Path(__file__).resolve().parents[1] / "helpers" / "_elastic_job.py"
 STOP = 6  # _elastic_job.STOP
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
+from _launch_util import launch_ranks
 import torch
 from torch import nn
 
 import _syncbn_jobs as jobs
-import ringtrain
 from ringtrain import RingtrainError
 from ringtrain.parallel.syncbn import SyncBatchNorm, convert_sync_batchnorm, revert_sync_batchnorm
 
@@ -52,7 +52,7 @@ CASES = EVEN + OPTIONS + UNEVEN
 def two_rank_runs():
     """Every case in ONE 2-rank Gloo job (what ``run_ranks`` does, once per module: start-up
     of two torch processes dominates on a small CPU machine). Returns {case: per-rank results}."""
-    per_rank = ringtrain.launch(jobs.equivalence_cases, 2, args=(CASES,), timeout=150)
+    per_rank = launch_ranks(jobs.equivalence_cases, 2, args=(CASES,), timeout=150)
     return {case: [rank[i] for rank in per_rank] for i, case in enumerate(CASES)}
 
 

@@ -14,6 +14,7 @@ import sys
 
 import _fsdp_jobs as jobs
 import pytest
+from _launch_util import launch_ranks
 import torch
 from torch import nn
 
@@ -42,7 +43,7 @@ FOUR = {**{k: CASES[k] for k in ("sgd", "adamw_accumulate_clip", "meta")},
 
 
 def launch(fn, *args, nprocs=2):
-    return rt.launch(fn, nprocs, args=args, timeout=280)
+    return launch_ranks(fn, nprocs, args=args, timeout=280)
 
 
 def reference(case: dict, world: int) -> dict:

@@ -10,6 +10,7 @@ import os
 
 import _pipeline_jobs as jobs
 import pytest
+from _launch_util import launch_ranks
 import torch
 from torch import nn
 
@@ -46,7 +47,7 @@ CASES = {
 
 
 def launch(fn, *args, nprocs=2):
-    return rt.launch(fn, nprocs, args=args, timeout=200)
+    return launch_ranks(fn, nprocs, args=args, timeout=200)
 
 
 @pytest.fixture(scope="module")

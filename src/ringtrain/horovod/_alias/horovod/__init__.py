@@ -4,6 +4,6 @@
 imported when it is called, not here.
 """
 
-from ....launcher.horovod_run import run  # noqa: F401  (horovod/__init__.py: `from horovod.runner import run`)
+from ringtrain.launcher.horovod_run import run  # noqa: F401  (horovod/__init__.py: `from horovod.runner import run`)
 
 __version__ = "0.28.1"

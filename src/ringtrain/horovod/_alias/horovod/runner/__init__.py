@@ -1,3 +1,3 @@
 """``horovod.runner`` -> ``ringtrain.launcher.horovod_run``: ``run`` (the function launcher)."""
 
-from .....launcher.horovod_run import run  # noqa: F401
+from ringtrain.launcher.horovod_run import run  # noqa: F401

@@ -1,3 +1,3 @@
 """``horovod.torch.compression`` -> ``ringtrain.horovod.compression``."""
 
-from ....compression import *  # noqa: F401,F403
+from ringtrain.horovod.compression import *  # noqa: F401,F403

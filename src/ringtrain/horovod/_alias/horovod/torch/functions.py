@@ -1,3 +1,3 @@
 """``horovod.torch.functions`` -> ``ringtrain.horovod.functions``."""
 
-from ....functions import *  # noqa: F401,F403
+from ringtrain.horovod.functions import *  # noqa: F401,F403

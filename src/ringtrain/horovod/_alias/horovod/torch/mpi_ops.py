@@ -1,3 +1,3 @@
 """``horovod.torch.mpi_ops`` -> ``ringtrain.horovod.mpi_ops``."""
 
-from ....mpi_ops import *  # noqa: F401,F403
+from ringtrain.horovod.mpi_ops import *  # noqa: F401,F403

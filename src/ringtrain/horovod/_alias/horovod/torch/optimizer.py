@@ -1,3 +1,3 @@
 """``horovod.torch.optimizer`` -> ``ringtrain.horovod.optimizer``."""
 
-from ....optimizer import *  # noqa: F401,F403
+from ringtrain.horovod.optimizer import *  # noqa: F401,F403
