@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.ringtrain-installed
 
 GPU_CHECK_OUT ?= gpu-check-report
 
-.PHONY: demo test test-stress test-load test-hosts test-gpu gpu-check bench-overhead install clean
+.PHONY: demo test test-fast test-stress test-load test-hosts test-gpu gpu-check bench-overhead install clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,22 @@ demo: $(STAMP)
 # test, and make passes that on as a failure.
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The edit loop (about a minute on 2 cores): the layer rules, every in-process unit test, and a few
+# multi-process ones (the Ring, checkpoint files, DDP's comm hooks). `make test` is what CI runs.
+FAST_TESTS = tests/test_layers.py tests/test_ring.py tests/doctor tests/parallel tests/loop/test_optim.py \
+	tests/loop/test_precision.py tests/loop/test_data.py tests/liveness/test_procs.py tests/liveness/test_activity.py \
+	tests/liveness/test_seal.py tests/liveness/test_failures.py tests/liveness/test_membership.py \
+	tests/checkpoint/test_untrusted.py tests/checkpoint/test_before_the_move.py tests/checkpoint/test_policy.py \
+	tests/checkpoint/test_fingerprint.py tests/checkpoint/test_files.py tests/launcher/test_flag_parity.py \
+	tests/launcher/test_torchrun_flags.py tests/launcher/test_horovod_flags.py tests/launcher/test_launch_cli.py \
+	tests/launcher/test_launch_scripts.py tests/launcher/test_report.py tests/launcher/test_horovod_run.py \
+	tests/launcher/test_launch_ports.py tests/bench/test_bench_parts.py tests/comm/test_checks.py \
+	tests/comm/test_ddp_hooks.py tests/strategies/test_objects.py tests/strategies/test_dp.py \
+	tests/tracking/test_table.py tests/tracking/test_run_log.py tests/tracking/test_progress.py \
+	tests/horovod/test_hvd_errors.py
+test-fast: $(STAMP)
+	$(PY) -m pytest -q $(FAST_TESTS)
 
 # Soak and full-matrix runs (tens of minutes on 2 cores): 200 save/close cycles under CPU load,
 # 200 finished jobs with no abort at exit, every way a rank can leave x every launcher.

@@ -3,7 +3,7 @@
     python benchmarks/failfast.py                    # the cases below, median of 5 each
     python benchmarks/failfast.py --repeat 1 --cap 90 --src /path/to/old/checkout/src
 
-Each run is tests/_failfast_jobs.py: rank 1 leaves at step 3 (the case's way), rank 0 keeps
+Each run is tests/helpers/_failfast_jobs.py: rank 1 leaves at step 3 (the case's way), rank 0 keeps
 training. The time is from rank 1's fault (the time it prints) to the exit of the last
 process of the job. ``--src`` measures another checkout of ringtrain (e.g. the commit before
 fail-fast) with this interpreter; ``--cap`` kills a run that has not ended by then and
@@ -17,7 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
 import _failfast_runner as runner  # noqa: E402
 
 CASES = [

@@ -4,7 +4,7 @@
     python benchmarks/stall_report.py --timeout 40          # Ring(timeout=40): when the job ends, who is blamed
     python benchmarks/stall_report.py --warning 10 --cases data,spin
 
-Each case is ``ringtrain run --nproc-per-node 2 tests/_stall_jobs.py CASE`` (rank 1 stops at step 3:
+Each case is ``ringtrain run --nproc-per-node 2 tests/helpers/_stall_jobs.py CASE`` (rank 1 stops at step 3:
 ``data`` its data step never ends, ``spin`` a Python loop, ``sigstop`` frozen, ``plain`` a plain torch
 script sleeping before an all_reduce; ``extra`` rank 0 calls one all_reduce rank 1 never calls). Times
 are from the job's own "JOB fault" line to the first stall report line (``ringtrain: stall:``), and to
@@ -23,7 +23,7 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-JOBS = os.path.join(HERE, "..", "tests", "_stall_jobs.py")
+JOBS = os.path.join(HERE, "..", "tests", "helpers", "_stall_jobs.py")
 CASES = ("data", "spin", "sigstop", "plain", "extra")
 
 

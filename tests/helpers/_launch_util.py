@@ -21,11 +21,43 @@ def _loopback_interface() -> str | None:
     return next((n for n in ("lo", "lo0") if n in names), None)
 
 
+class _OutputTo:
+    """``fn`` with the rank's stdout and stderr (file descriptors 1 and 2) sent to files in ``folder``.
+
+    A forkserver's children write where the server was started from, not where the test is now; the test's
+    process copies the files to its own output afterwards (``launch_ranks``), so capfd and a failing test's
+    report see what the ranks printed."""
+
+    def __init__(self, fn, folder: str):
+        self.fn, self.folder = fn, folder
+
+    def __call__(self, *args):
+        rank = os.environ.get("RANK", "0")
+        for fd, name in ((1, "out"), (2, "err")):
+            target = os.open(os.path.join(self.folder, f"{rank}.{name}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(target, fd)
+            os.close(target)
+        return self.fn(*args)
+
+
 def launch_ranks(fn, nprocs: int = 2, args=(), timeout: float = 120):
     """``ringtrain.launch`` for tests whose subject is not how processes start: the ranks are forked from one
     server that imported torch and the job modules once (conftest.py's preload), not spawned afresh (2-3 s of
-    CPU each for ``import torch``). tests/launcher/test_launch_spawn.py tests the start methods themselves."""
-    return ringtrain.launch(fn, nprocs, args=args, timeout=timeout, start_method="forkserver")
+    CPU each for ``import torch``). tests/launcher/test_launch_spawn.py tests the start methods themselves.
+    What the ranks print reaches this process's stdout and stderr, rank by rank, once they have ended."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ringtrain-ranks-") as folder:
+        try:
+            return ringtrain.launch(_OutputTo(fn, folder), nprocs, args=args, timeout=timeout,
+                                    start_method="forkserver")
+        finally:
+            for rank in range(nprocs):
+                for fd, name in ((1, "out"), (2, "err")):
+                    path = os.path.join(folder, f"{rank}.{name}")
+                    if os.path.exists(path):
+                        with open(path, "rb") as f:
+                            os.write(fd, f.read())
 
 
 def child_env(*pythonpath: str, **extra: str) -> dict[str, str]:
