@@ -215,3 +215,12 @@ def test_setup_rejects_bad_input():
 def test_ddp_options_pass_through(run_ranks):
     outs = run_ranks(jobs.ddp_options)
     assert outs == [(True, True), (True, True)]
+
+
+def test_evaluation_on_rank_zero_alone_through_the_ddp_model_runs_no_collective(run_ranks):
+    """Issue 30, item 6: `if master_process: estimate_loss()` through the DDP-wrapped model (with a buffer, which
+    DDP broadcasts in every syncing forward) no longer pairs with another rank's training forward: the job trains
+    exactly as without the evaluation."""
+    with_eval = run_ranks(jobs.eval_on_rank_zero_only, True)[0]
+    without = run_ranks(jobs.eval_on_rank_zero_only, False)[0]
+    assert torch.equal(with_eval, without)

@@ -28,6 +28,7 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _EXPORTS = {
     "Ring": "ringtrain.ring",
+    "checkpoint_values": "ringtrain.checkpoint.sharded",
     "seed_everything": "ringtrain.loop.seeding",
     "RingtrainError": "ringtrain.errors",
     "launch": "ringtrain.launcher.spawn",

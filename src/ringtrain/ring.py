@@ -19,7 +19,7 @@ from .checkpoint.resume import Resumer, move_optimizer_state
 from .errors import RingtrainError
 from .liveness.stall import per_rank_stats
 from .liveness.watchdog import collective_checks_of
-from .loop import precision as precisions
+from .loop import loops, precision as precisions
 from .loop.data import RingLoader, make_loader
 from .loop.held import Held
 from .loop.optim import NonFiniteGuard, NoSyncWindow, RingScheduler, ScalerSteps, replace_parameters, wrap_optimizer
@@ -64,7 +64,8 @@ class Ring:
         timeout: float | datetime.timedelta = DEFAULT_TIMEOUT,
         device: str = "auto",
         accumulate: int = 1,
-        precision: str = "32",
+        global_batch: int | None = None,
+        precision: Any = "32",
         sync_batchnorm: bool = False,
         deterministic: bool = False,
         cudnn_benchmark: bool | None = None,
@@ -88,7 +89,11 @@ class Ring:
         self.env = env
         # Everything the arguments can get wrong is checked before joining the group.
         self.step_state = Step(accumulate, save_every)
-        precisions.canonical(precision)
+        self._global_batch = Held.check_global_batch(global_batch)
+        if global_batch is not None and accumulate != 1:
+            raise RingtrainError(f"Ring got both accumulate={accumulate} and global_batch={global_batch}",
+                                 "give one: global_batch sets accumulate from the per-device batch and the world size.")
+        precision = precisions.canonical(precision)
         self.nonfinite = NonFiniteGuard(nonfinite, self.strategy)
         self.strategy.configure(accumulate=accumulate, nonfinite=nonfinite, sync_batchnorm=sync_batchnorm)
         checkpoints = Resumer.checkpoint_dir(checkpoint_dir, save_every, keep_last, resume)
@@ -103,7 +108,7 @@ class Ring:
         self.sync_batchnorm = sync_batchnorm
         configure_kernels(deterministic, cudnn_benchmark)
         # What the loop holds (models, optimizers, loaders, the epoch): written here, read by the checkpoints.
-        self.held = Held(self.step_state, self.precision.scaler,
+        self.held = Held(self.step_state, self.precision.scaler, nonfinite=self.nonfinite,
                          devices=self.strategy.data_parallel_size * self.strategy.devices_per_process)
         self._remaining_batches: int | None = None
         self._window = NoSyncWindow(self.step_state, getattr(self.strategy, "no_sync", None),
@@ -121,7 +126,18 @@ class Ring:
     device = property(lambda self: self.strategy.device)
     is_main = property(lambda self: self.rank == 0)
     is_local_main = property(lambda self: self.local_rank == 0)
-    accumulate = property(lambda self: self.step_state.k)
+
+    @property
+    def accumulate(self) -> int:
+        """Micro-batches per optimizer step; settable before the first ``ring.backward`` (a script that derives it
+        from the world size: ``ring.accumulate = steps // ring.world_size``)."""
+        return self.step_state.k
+
+    @accumulate.setter
+    def accumulate(self, k: int) -> None:
+        self.step_state.set_k(k)
+        self.strategy.accumulate_changed(k, self.held.optimizers)
+
     optimizer_steps = property(lambda self: self.step_state.optimizer_steps,
                                doc="Optimizer steps taken (accumulation boundaries), counting steps the scaler skipped.")
     sync_now = property(lambda self: self.step_state.sync_now,
@@ -153,8 +169,8 @@ class Ring:
         replaced = {before[name]: p for name, p in self.strategy.named_parameters(wrapped).items()
                     if name in before and before[name] != id(p)}
         self.held.models.append(wrapped)
-        if self.accumulate > 1 and isinstance(self.strategy, BackwardSyncControl):
-            self._window.attach(wrapped)
+        if isinstance(self.strategy, BackwardSyncControl):
+            self._window.attach(wrapped)  # no_sync inside windows (ring.accumulate may still be set before training)
         if self.seed is not None:
             # Same weights everywhere came from the shared seed (and the strategy's broadcast);
             # from here on each rank draws its own random stream (dropout, augmentation).
@@ -190,6 +206,8 @@ class Ring:
         if not exact:
             made.listener = self._note_loader
         first_training = not exact and self.global_batch_size is None
+        if first_training and self._global_batch is not None:
+            self.accumulate = self.held.accumulate_for(self._global_batch, batch_size)
         self.held.loaders.append(made)
         if first_training:
             devices = self.strategy.data_parallel_size * self.strategy.devices_per_process
@@ -199,31 +217,21 @@ class Ring:
         return made
 
     def epochs(self, n: int, start: int = 0) -> Iterator[int]:
-        """``range(start, n)``, setting the epoch on every loader of this ring; resumes after ``ring.load``."""
-        resumed = self.resumer.take_resume_epoch()
-        first = start if resumed is None else max(start, resumed)
-        try:
-            for epoch in range(first, n):
-                self.held.epoch = self.activity.epoch = epoch
-                for made in self.held.loaders:
-                    made.set_epoch(epoch)
-                yield epoch
-                self.nonfinite.check(force=True)
-            self._save_if_due()
-            self.resumer.flush()  # the last checkpoint is on disk when the epochs end
-        finally:
-            self.held.epoch = None
+        """``range(start, n)``, setting the epoch on every loader of this ring; resumes after ``ring.load``. The top
+        of each iteration is a safe point (see ``steps``)."""
+        return loops.epochs(self.held, self.activity, self.resumer, n, start)
+
+    def steps(self, n: int) -> Iterator[int]:
+        """The optimizer-step numbers, from the one a resumed run continues at, up to ``n``: the loop of a script
+        that draws its own batches (``for step in ring.steps(max_steps)``). The top of each iteration is the loop's
+        safe point: a due periodic save is written there (a resumed run then repeats exactly what came after it —
+        evaluation, logging, random draws), a checkpoint's random state is put back there, and a preemption is
+        answered there. Each iteration is one optimizer step: its ring.backward calls, then optimizer.step()."""
+        return loops.steps(self.held, self.resumer, n)
 
     def _note_loader(self, made: RingLoader) -> None:  # a ring loader hands out a batch: the last step is done
         self._remaining_batches = made.remaining()
-        self._save_if_due()
-
-    def _save_if_due(self) -> None:
-        """A due periodic save is written between two batches (the last step's optimizer, scheduler and
-        zero_grad have run; the next batch is not drawn yet) and when the epochs end."""
-        if self.step_state.save_due:
-            self.nonfinite.check(force=True)  # never save the state a NaN step produced
-            self.resumer.autosave()
+        self.resumer.safe_point()
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` done right for accumulation and precision: divides the loss by the accumulation window,
@@ -235,6 +243,7 @@ class Ring:
                 "train with loss = ring.pipeline_step(x, y, loss_fn); it runs forward and backward.",
             )
         self.step_state.check_lr(self.held.optimizers)
+        self.resumer.safe_point(late=True)  # a loop with no safe point of its own (see steps)
         skip = self.nonfinite.skip(loss, self.optimizer_steps, self.held.epoch)
         divisor, _ = self.step_state.next_backward(self._remaining_batches)
         scaled = self.precision.scaler.scale(loss / divisor if divisor > 1 else loss)
@@ -325,8 +334,21 @@ class Ring:
         return Progress(iterable, enabled=self.is_main, world_size=self.strategy.data_parallel_size,
                         last_loss=lambda: self._last_loss, logged=lambda: self._log.latest, desc=desc, total=total)
 
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The plain module ``ring.setup`` was given (without DDP's or DataParallel's wrapper; FSDP shards in place:
+        the same object), e.g. to read ``model.config`` or evaluate on rank 0 without the wrapper's collectives."""
+        return self.strategy.unwrap(model)
+
+    @property
+    def extras(self) -> dict[str, Any]:
+        """The script's own values (``best_val_loss``, ``model_args``, its config...) that every checkpoint carries,
+        periodic ones included: set them here; a resumed run finds the checkpoint's here after ``ring.setup``."""
+        return self.held.extras
+
     def close(self) -> None:
-        """Finish this rank's asynchronous checkpoint, if one is being written; leave the process group."""
+        """Write a periodic checkpoint that is due (a loop left with ``break`` right after its step), finish this
+        rank's asynchronous checkpoint, if one is being written; leave the process group."""
+        self.resumer.safe_point()
         self.resumer.flush(agree=False)
         self.resumer.release()
         self._log.close()
@@ -336,6 +358,9 @@ class Ring:
     def __enter__(self) -> "Ring": return self
 
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
+        if error is None:  # a loop left with break right after a due step: its checkpoint is still written
+            self.resumer.safe_point()
+            self.resumer.flush()
         self._log.close()
         timelines.close(self._timeline)
         self.resumer.release(unless_saving=True)  # an asynchronous save still writing keeps the folder

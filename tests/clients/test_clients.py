@@ -129,3 +129,46 @@ def test_horovodrun_elastic_with_a_discovery_script(workdir):
     assert [(r["rank"], r["world"], r["epoch"]) for r in rows] == [("0", "2", "2"), ("1", "2", "2")], outputs(proc)
     assert {r["steps"] for r in rows} == {"8"}, rows  # 2 epochs x 64 samples per rank / batch 16
     _same_weights(rows, "params")
+
+
+def _code_lines(path: Path) -> list[str]:
+    lines = path.read_text().splitlines()
+    return lines[next(i for i, line in enumerate(lines) if line.startswith("import")):]  # after the docstring
+
+
+def test_a_step_based_gpt_script_converted_in_few_lines_trains_as_its_original(tmp_path):
+    """Issue 30: nanoGPT's loop (its own get_batch, accumulation, estimate_loss, a checkpoint with extras) converted
+    to ringtrain (examples/gpt_steps.py): at most 20 lines of the converted script are new or changed; in one
+    process both print the same losses and end with the same weights (on several, the converted one evaluates on
+    every rank — FSDP's forward needs them all — so its ranks draw other random batches); under ringtrain run on
+    two ranks it trains, saves its checkpoint with its extras, and writes the periodic ones."""
+    import difflib
+
+    import torch
+
+    converted = HERE.parents[1] / "examples" / "gpt_steps.py"
+    diff = difflib.unified_diff(_code_lines(HERE / "nanogpt_train.py"), _code_lines(converted), lineterm="", n=0)
+    changed = [line for line in diff if line.startswith("+") and not line.startswith("+++")]
+    assert len(changed) <= 20, changed
+    runs = {}
+    for name, script in (("original", HERE / "nanogpt_train.py"), ("converted", converted)):
+        out = tmp_path / name
+        proc = subprocess.run([sys.executable, str(script), "--out_dir", str(out), "--max_iters", "12"],
+                              capture_output=True, text=True, timeout=LIMIT, env=child_env(), cwd=tmp_path)
+        assert proc.returncode == 0, outputs(proc)
+        printed = [line for line in proc.stdout.splitlines() if line.startswith(("step ", "iter "))]
+        final = torch.load(out / "final.pt", weights_only=True)
+        runs[name] = (printed, final.get("model", final))
+    assert runs["original"][0] == runs["converted"][0] and len(runs["original"][0]) == 5
+    assert all(torch.equal(runs["original"][1][k], runs["converted"][1][k]) for k in runs["original"][1])
+    out = tmp_path / "two"
+    proc = ringtrain_run(f"--nproc-per-node 2 {converted} --out_dir {out} --max_iters 10", tmp_path)
+    assert proc.returncode == 0, outputs(proc)
+    assert rt_values(out / "ckpt.pt")["model_args"]["n_layer"] == 2
+    assert sorted(os.listdir(out / "ring")) == ["manifest.json", "step-000000005.pt", "step-000000010.pt"]
+
+
+def rt_values(path: Path) -> dict:
+    import ringtrain as rt
+
+    return rt.checkpoint_values(str(path))

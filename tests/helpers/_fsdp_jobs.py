@@ -220,3 +220,20 @@ def nonfinite_skip() -> dict:
            "finite": None if whole is None else all(torch.isfinite(v).all().item() for v in whole.values())}
     ring.close()
     return out
+
+
+def evaluate_on_rank_zero_alone() -> str:
+    """Rank 0 evaluates the sharded model alone under torch.no_grad while rank 1 goes on training: rank 0 is
+    told why at once (the stall warning, 3 s here), rank 1 is stopped because rank 0 left."""
+    ring = rt.Ring(strategy="fsdp", seed=0, stall_warning=3)
+    model = make_model()
+    model, opt = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = data()[:8]
+    for step in range(3):
+        if ring.rank == 0 and step == 1:
+            with torch.no_grad():
+                model(x)  # ringtrain: the evaluation alone
+        ring.backward(F.mse_loss(model(x), y))
+        opt.step()
+        opt.zero_grad()
+    return "trained"

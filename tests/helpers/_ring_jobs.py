@@ -317,3 +317,61 @@ def misbehave(mode: str) -> tuple:
     finally:
         ring.close()
     return ("", time.monotonic() - start)
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """0..n-1 as a stream (no __len__), the same order every pass."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+def stream_shares(n: int, workers: int, resume_after: int = 0) -> list:
+    """What this rank's ring loader hands out of a stream, per epoch (two epochs); ``resume_after``: a second
+    loader resumed after that many batches of epoch 0 (a restart) gives the rest."""
+    ring = rt.Ring()
+    loader = ring.loader(Stream(n), batch_size=2, num_workers=workers)
+    seen = [[int(v) for batch in loader for v in batch] for _ in range(2)]
+    if resume_after:
+        again = ring.loader(Stream(n), batch_size=2, num_workers=workers)
+        again.resume(0, resume_after)
+        seen.append([int(v) for batch in again for v in batch])
+    ring.close()
+    return seen
+
+
+class WithBuffer(nn.Module):
+    """A model with a buffer: DDP broadcasts it in every forward that syncs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = small_model()
+        self.register_buffer("scale", torch.ones(1))
+
+    def forward(self, x):
+        return self.net(x) * self.scale
+
+
+def eval_on_rank_zero_only(evaluate: bool) -> torch.Tensor:
+    """DDP training where rank 0 alone evaluates through the wrapped model under torch.no_grad every other step
+    (nanoGPT's estimate_loss under `if master_process`): no collective there, nothing falls out of step."""
+    ring = rt.Ring(strategy="ddp", seed=0)
+    torch.manual_seed(0)
+    model = WithBuffer()
+    model, opt = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    data = regression_data()
+    for step, (x, y) in enumerate(ring.loader(data, batch_size=4)):
+        if evaluate and ring.rank == 0 and step % 2 == 0:
+            with torch.no_grad():
+                model.eval()
+                model(x)
+                model.train()
+        ring.backward(F.mse_loss(model(x), y))
+        opt.step()
+        opt.zero_grad()
+    params = whole_params(ring, model)
+    ring.close()
+    return params

@@ -193,3 +193,21 @@ def test_monai_list_data_collate_through_ring_loader():
                          collate_fn=monai.data.list_data_collate)
     shapes = [tuple(batch["img"].shape) for batch in loader]
     assert shapes == [(6, 1, 4, 4, 4)] * 2  # 2 volumes x 3 crops each, flattened into one batch
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_iterable_dataset_is_shared_out_with_no_duplicates(run_ranks, workers):
+    """Issue 30, item 4: each rank and each DataLoader worker reads its own share of a stream; together the
+    ranks see every item once per epoch, the same share every epoch, and a resumed pass gives the rest."""
+    per_rank = run_ranks(jobs.stream_shares, 24, workers, 2)
+    first, second, resumed = zip(*per_rank)
+    assert sorted(v for share in first for v in share) == list(range(24))
+    assert first == second
+    for rank in range(2):
+        assert resumed[rank] == first[rank][4:]  # 2 batches of 2 skipped: the rest of this rank's share
+
+
+def test_an_iterable_dataset_takes_no_sampler_or_shuffle():
+    ring = rt.Ring()
+    with pytest.raises(rt.RingtrainError, match="(?s)IterableDataset with shuffle=True.*HINT"):
+        ring.loader(jobs.Stream(8), batch_size=2, shuffle=True)

@@ -75,3 +75,35 @@ def test_backends_that_cannot_work_are_refused():
         devices.choose_backend(torch.device("cpu"), "ucc")
     # NCCL missing from the build (a CPU wheel): CUDA devices fall back to Gloo
     assert devices.choose_backend(torch.device("cuda", 0), None, available=lambda name: name == "gloo") == "gloo"
+
+
+@pytest.mark.parametrize("visible,local_world,local_rank,asked,expected", [
+    (2, 1, 0, "cuda:1", "cuda:1"),  # python train.py --device cuda:1 (one process picks its GPU)
+    (8, 8, 5, "cuda:5", "cuda:5"),  # nanoGPT: device = f"cuda:{ddp_local_rank}", one process per GPU
+])
+def test_a_scripts_own_cuda_index_is_taken_where_it_is_this_process_gpu(visible, local_world, local_rank, asked,
+                                                                          expected):
+    seen = gpus(*[f"GPU-{i}" for i in range(visible)])
+    assert devices.choose_device(asked, local_rank, local_world, seen) == torch.device(expected)
+
+
+@pytest.mark.parametrize("visible,local_world,local_rank,asked,says", [
+    (8, 8, 5, "cuda:0", "another process's GPU"),  # every rank on cuda:0
+    (1, 1, 0, "cuda:3", "not visible"),
+    (0, 1, 0, "cuda:0", "sees no CUDA device"),
+    (0, 2, 0, "mps", "Apple's GPU is one device"),
+    (0, 1, 0, "cuda:x", "Ring got device"),
+])
+def test_a_device_that_cannot_be_this_process_own_is_refused_with_a_hint(visible, local_world, local_rank, asked,
+                                                                           says):
+    seen = gpus(*[f"GPU-{i}" for i in range(visible)])
+    with pytest.raises(rt.RingtrainError, match="HINT") as refused:
+        devices.choose_device(asked, local_rank, local_world, seen)
+    assert says in str(refused.value)
+
+
+def test_mps_in_one_process_where_torch_has_no_mps_is_named():
+    if hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
+        pytest.skip("this machine has MPS")
+    with pytest.raises(rt.RingtrainError, match="no Apple GPU"):
+        devices.choose_device("mps", 0, 1, gpus())

@@ -360,3 +360,14 @@ def test_two_gpus_over_nccl_equal_one_process():
     got = launch(jobs.fit_cases, [{**CASES["adamw_accumulate_clip"], "device": "cuda"}], nprocs=2)[0][0]
     ref = reference(CASES["adamw_accumulate_clip"], 2)
     assert max_diff(got["model"], ref["model"]) <= 1e-4
+
+
+@pytest.mark.timeout(120)
+def test_an_evaluation_on_one_rank_alone_is_named_not_a_hang():
+    """Issue 30, item 6: FSDP's forward gathers shards from every rank; an evaluation under torch.no_grad on rank 0
+    alone is stopped within the stall warning, naming the line and the fix, and the job ends."""
+    with pytest.raises(rt.RingtrainError) as failed:
+        launch(jobs.evaluate_on_rank_zero_alone)
+    text = str(failed.value)
+    assert "FSDP-sharded model under torch.no_grad" in text and "rank(s) [1] did not run one" in text, text
+    assert "_fsdp_jobs.py" in text and "evaluate on every rank" in text, text

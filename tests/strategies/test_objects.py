@@ -110,10 +110,12 @@ def test_ring_asks_and_never_names_a_strategy():
     concrete = {f"strategies.{m}" for m in ("single", "dp", "ddp", "hvd", "pipeline")}
     assert not imported & concrete, imported & concrete
     assert ".name ==" not in source and "name ==" not in source
-    assert len(source.splitlines()) <= 350
+    # The Ring is the script's whole surface (issue 30 added steps, unwrap, extras and a settable accumulate);
+    # what it drives lives below it (loop/loops.py, checkpoint/resume.py).
+    assert len(source.splitlines()) <= 380
 
 
 def test_no_module_is_over_500_lines():
     too_long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
-                if (n := len(p.read_text().splitlines())) > 500 and p.name != "run.py"}
+                if (n := len(p.read_text().splitlines())) > 500}
     assert not too_long, too_long

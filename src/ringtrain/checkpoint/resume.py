@@ -37,6 +37,7 @@ from ..loop.held import Held
 from . import files, fingerprint, lock as folder_lock, policy as resume_policy, rng, sharded, state
 from .folder import CheckpointDir
 from .model import is_plain_state_dict
+from .read import read_sharded
 
 
 class Resumer:
@@ -59,6 +60,8 @@ class Resumer:
         self._resumed: dict[str, Any] | None = None  # the fingerprint of the checkpoint resumed from, until checked
         self._resumed_from = ""
         self._lock: folder_lock.FolderLock | None = None
+        self._pending_rng: dict[str, Any] | None = None  # a loaded checkpoint's random state, for the next safe point
+        self._said_late = False
         self._claim()
 
     @staticmethod
@@ -183,6 +186,32 @@ class Resumer:
         epoch, self.resume_epoch = self.resume_epoch, None
         return epoch
 
+    # --- the loop's safe points -----------------------------------------------------------
+    def safe_point(self, late: bool = False) -> None:
+        """The loop is between two steps, where a resumed run continues: the top of a ``ring.steps`` or
+        ``ring.epochs`` iteration, a ring loader about to fetch a batch, ``ring.close``. A resumed run's random
+        state is put back here (not when the checkpoint was read: code between ``ring.setup`` and the loop may
+        draw random numbers), and a due periodic save is written here, so that a resumed run repeats exactly
+        what the loop does after it. ``late``: the first ``ring.backward`` after a step in a loop that has no
+        safe point of its own (its batches are not a ring loader's, and it is not ``ring.steps``)."""
+        if self._pending_rng is not None:
+            rng.restore_rng(self._pending_rng)
+            self._pending_rng = None
+        if not self.step.save_due:
+            return
+        if late and not self._said_late:
+            self._said_late = True
+            self.say(f"ringtrain: the periodic checkpoint of step {self.step.optimizer_steps} is written at the next "
+                     "ring.backward: this loop has no safe point between its steps (its batches are not a ring "
+                     "loader's, and it is not ring.steps), so a resumed run restarts "
+                     + (f"epoch {self.held.epoch}" if self.held.epoch is not None else "the loop")
+                     + " with that step's weights and does not repeat what came between the step and this backward "
+                     "exactly.\nHINT: loop with `for step in ring.steps(max_steps)`, or draw the batches with "
+                     "ring.loader, for exact resumes.")
+        if self.held.nonfinite is not None:
+            self.held.nonfinite.check(force=True)  # never save the state a NaN step produced
+        self.autosave()
+
     # --- 3: periodic saves ----------------------------------------------------------------
     def autosave(self) -> None:
         """Write the periodic checkpoint that is due: sharded and asynchronous where the strategy shards."""
@@ -192,12 +221,12 @@ class Resumer:
         folders = self.strategy.shards_state
         path = self.checkpoints.path_for(number, folder=folders)  # type: ignore[union-attr]
         if not folders:
-            self.save(path, full=True, **self._targets)
+            self.save(path, full=True, **self._targets)  # ring.extras go in too (save adds them)
             epoch = self.held.epoch
             self._agree(lambda: self.checkpoints.commit(path, step=number, epoch=epoch))  # type: ignore[union-attr]
             return
         self.flush()  # one save in flight at a time: the next waits for the previous
-        tensors, skeleton, kinds, meta = self._sharded_parts(self._targets)
+        tensors, skeleton, kinds, meta = self._sharded_parts(self._with_extras(self._targets))
         staging = self._agree(lambda: sharded.staging_folder(path))
         epoch, folder = self.held.epoch, self.checkpoints
 
@@ -246,6 +275,7 @@ class Resumer:
             raise RingtrainError(f"ring.save got the reserved key {files.META_KEY!r}", "rename that entry.")
         self.activity.enter("checkpoint")
         self.flush()
+        state_ = self._with_extras(state_)
         if full is None:
             full = not self.strategy.shards_state
         if not full:
@@ -299,9 +329,22 @@ class Resumer:
             raise RingtrainError(f"rank 0: {message}", hint or "see the message above.")
         return result
 
+    def _with_extras(self, state_: dict[str, Any]) -> dict[str, Any]:
+        """``state_`` and ``ring.extras`` (the script's own values: ``best_val_loss``, ``model_args``...); an entry
+        given to ``ring.save`` wins over an extra of the same name."""
+        extras = self.held.extras
+        if files.META_KEY in extras:
+            raise RingtrainError(f"ring.extras holds the reserved key {files.META_KEY!r}", "rename that entry.")
+        taken = sorted(k for k in extras if k in self._targets)
+        if taken:
+            raise RingtrainError(f"ring.extras has entries named like what the ring saves: {taken}",
+                                 f"rename them: {sorted(self._targets)} are the models, optimizers and schedulers.")
+        return {**extras, **state_}
+
     def _meta(self) -> dict[str, Any]:
         """What continuing exactly needs (collective: every rank's RNG state is gathered)."""
         return {
+            "extras": sorted(self.held.extras),
             "format": files.FORMAT,
             "world_size": self.strategy.world_size,
             "rng": self.strategy.gather_object(rng.capture_rng()),
@@ -380,55 +423,21 @@ class Resumer:
                 )
         if isinstance(meta, dict):
             self._restore_meta(meta)
+            extras = [k for k in meta.get("extras") or [] if k in ckpt and k not in targets]
+            if extras or self.held.extras:  # a resumed run finds the checkpoint's values in ring.extras
+                self.held.extras.clear()
+                self.held.extras.update({k: ckpt[k] for k in extras})
         return {k: move_to_device(v, self.strategy.device) for k, v in ckpt.items() if k not in targets and k != files.META_KEY}
 
     def _read_sharded(self, path: str, targets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """A sharded folder, each rank reading the pieces its own layout holds."""
-        local = {name: self.strategy.local_state(t) for name, t in targets.items() if isinstance(t, nn.Module)}
         params = {name: self._names(t)[0] for name, t in targets.items() if isinstance(t, torch.optim.Optimizer)}
-        unexpected: dict[str, list[str]] = {}
-
-        def target_for(key: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
-            name, _, rest = key.partition("/")
-            if name in local:
-                mine = local[name].get(rest)
-                if mine is None:
-                    if rest not in self.strategy.state_keys(targets[name]):
-                        unexpected.setdefault(name, []).append(rest)
-                    return None
-                if state.global_shape(mine) != shape:
-                    raise RingtrainError(
-                        f"the checkpoint {path!r} does not fit {type(targets[name]).__name__}: {rest}: checkpoint "
-                        f"{shape} vs model {state.global_shape(mine)}",
-                        "load it into the same model architecture it was saved from (same constructor arguments).")
-                return mine
-            if name in params:
-                _, param_name, key_ = (rest.split("/", 2) + ["", ""])[:3] if rest.startswith("state/") else ("", "", "")
-                param = params[name].get(param_name)
-                if param is None:
-                    return None  # not held here (another stage's), or not this optimizer's
-                if shape == state.global_shape(param) and key_ != "step":
-                    return torch.empty_like(param, dtype=dtype)
-                return torch.empty(shape, dtype=dtype)
-            return None  # a model or optimizer not asked for: not read (values are whole in ringtrain.pt)
-
-        tree, kinds, meta = sharded.load(path, target_for)
-        tree = {k: v for k, v in tree.items() if k in targets or kinds.get(k) == "value"}
-        for name, module in targets.items():
-            if not isinstance(module, nn.Module) or name not in tree:
-                continue
-            missing = sorted(k for k in local[name] if k not in tree[name])
-            if missing or unexpected.get(name):
-                raise RingtrainError(
-                    f"the checkpoint {path!r} does not fit {type(module).__name__}: missing keys: "
-                    f"{', '.join(missing[:8]) or 'none'}; unexpected keys: {', '.join(unexpected.get(name, [])[:8]) or 'none'}",
-                    "load it into the same model architecture it was saved from (same constructor arguments).")
-        return tree, meta
+        return read_sharded(self.strategy, path, targets, params)
 
     def _restore_meta(self, meta: dict[str, Any]) -> None:
-        # RNG streams are per rank: restored only when the world has the same size.
+        # RNG streams are per rank: restored only when the world has the same size, at the loop's next safe point.
         if meta.get("world_size") == self.strategy.world_size and meta.get("rng"):
-            rng.restore_rng(meta["rng"][self.strategy.rank])
+            self._pending_rng = meta["rng"][self.strategy.rank]
         self.step.load_state_dict(meta.get("step") or {"optimizer_steps": meta.get("optimizer_steps", 0)})
         if meta.get("scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(meta["scaler"])

@@ -12,7 +12,7 @@ Only tensors go to DCP; the rest (optimizer hyperparameters, an epoch number, a 
 state) goes to ``ringtrain.pt``, written with ``torch.save`` and read back with
 ``weights_only=True``. DCP stores other values by pickling them and reads them back with
 ``weights_only=False``, and reads its ``.metadata`` with plain ``pickle``: a checkpoint is input
-(docs/architecture.md, principle 12), so ``SafeReader`` reads the metadata through an unpickler that
+(docs/architecture.md, principle 12), so ``SafeReader`` reads the metadata through an unpickler (metadata.py) that
 builds only DCP's own metadata classes, and every file it names must be a plain name inside
 the folder.
 
@@ -40,9 +40,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import io
 import os
-import pickle
 import shutil
 import threading
 import time
@@ -54,15 +52,13 @@ import torch
 from ..errors import RingtrainError, one_line
 from ..liveness.activity import Activity, waits_for_peers
 from . import files
+from .metadata import HINT_DAMAGED as _HINT_DAMAGED, read_metadata, safe_reader
 from .state import is_sharded, optimizer_by_index
 from .temporaries import remove_dead_temporaries, temporary_folder, write_failed
 
 INFO = "ringtrain.pt"
 FORMAT = 1
 _TENSOR = "__ringtrain_tensor__"  # the skeleton's placeholder for a tensor stored by DCP
-_HINT_DAMAGED = ("a sharded checkpoint is whole only with every rank's file: copy the complete folder (all "
-                 "__*.distcp files, .metadata and ringtrain.pt), or use an older checkpoint.")
-
 
 # --- tensors to DCP, the rest to ringtrain.pt -------------------------------------------------
 
@@ -141,85 +137,6 @@ def _one_process() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"torch\.distributed is (disabled, )?unavailable or uninitialized")
         yield
-
-
-# --- reading DCP's metadata safely --------------------------------------------------------------
-
-def _layout(name: Any) -> Any:
-    """``torch.serialization._get_layout`` without its module: a layout by its name, from a fixed table."""
-    layouts = {str(v): v for v in vars(torch).values() if isinstance(v, torch.layout)}
-    if not isinstance(name, str) or name not in layouts:
-        raise pickle.UnpicklingError(f"{name!r} is not a torch layout")
-    return layouts[name]
-
-
-def _metadata_names() -> dict[tuple[str, str], Any]:
-    """Every global a DCP ``.metadata`` may name, by exact (module, name): DCP's metadata classes, torch's
-    dtypes, ``torch.Size``, plain containers and paths. No module is allowed whole (a protocol-4 pickle
-    resolves dotted names, so ``metadata`` + ``os.system`` would reach ``os`` through its imports), and no
-    function runs: ``_get_layout`` is answered by ``_layout``'s table."""
-    import collections
-    import pathlib
-
-    from torch.distributed.checkpoint import filesystem, metadata
-
-    names: dict[tuple[str, str], Any] = {
-        (metadata.__name__, cls.__name__): cls
-        for cls in (metadata.ChunkStorageMetadata, metadata.TensorProperties, metadata.TensorStorageMetadata,
-                    metadata.BytesStorageMetadata, metadata.StorageMeta, metadata.Metadata,
-                    metadata.MetadataIndex, metadata._MEM_FORMAT_ENCODING)}
-    names.update({(filesystem.__name__, "_StorageInfo"): filesystem._StorageInfo, ("torch", "Size"): torch.Size,
-                  ("torch.serialization", "_get_layout"): _layout,
-                  ("collections", "OrderedDict"): collections.OrderedDict,
-                  ("pathlib", "PosixPath"): pathlib.PosixPath, ("pathlib", "PurePosixPath"): pathlib.PurePosixPath,
-                  ("builtins", "set"): set, ("builtins", "frozenset"): frozenset, ("builtins", "slice"): slice})
-    names.update({("torch", n): v for n, v in vars(torch).items() if isinstance(v, (torch.dtype, torch.layout))})
-    return names
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Builds only the globals of ``_metadata_names``, looked up by exact name; everything else is refused."""
-
-    def __init__(self, file: Any) -> None:
-        super().__init__(file)
-        self._names = _metadata_names()
-
-    def find_class(self, module: str, name: str) -> Any:
-        found = self._names.get((module, name))
-        if found is None:
-            raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
-        return found
-
-
-def read_metadata(folder: str) -> Any:
-    path = os.path.join(folder, ".metadata")
-    try:
-        with open(path, "rb") as f:
-            return _MetadataUnpickler(io.BytesIO(f.read())).load()
-    except FileNotFoundError:
-        raise RingtrainError(f"the sharded checkpoint {folder!r} has no .metadata: it was never completed",
-                             _HINT_DAMAGED) from None
-    except Exception as e:
-        raise RingtrainError(f"cannot read {path!r} ({type(e).__name__}: {e})",
-                             "the folder is damaged or was not written by torch.distributed.checkpoint; " + _HINT_DAMAGED) from e
-
-
-def _safe_reader(folder: str):
-    from torch.distributed.checkpoint import FileSystemReader
-
-    class SafeReader(FileSystemReader):
-        """DCP's reader with the metadata read by ``read_metadata`` (no arbitrary unpickling)."""
-
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            from torch.distributed.checkpoint.metadata import StorageMeta
-
-            metadata = read_metadata(folder)
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    return SafeReader(folder)
 
 
 def data_files(folder: str, metadata: Any) -> dict[str, int]:
@@ -466,7 +383,7 @@ def load(folder: str, target_for: Callable[[str, tuple[int, ...], torch.dtype], 
             target = target_for(key, tuple(md.size), md.properties.dtype)
             if target is not None:
                 targets[key] = target
-    reader = _safe_reader(folder)
+    reader = safe_reader(folder)
     try:
         if dist.is_available() and dist.is_initialized():
             dcp.load(targets, storage_reader=reader)
@@ -476,6 +393,31 @@ def load(folder: str, target_for: Callable[[str, tuple[int, ...], torch.dtype], 
     except Exception as e:
         raise RingtrainError(f"cannot read the sharded checkpoint {folder!r} ({one_line(e)})", _HINT_DAMAGED) from e
     return join(info["skeleton"], targets), dict(info.get("kinds", {})), dict(info.get("meta", {}))
+
+
+def checkpoint_values(path: str) -> dict[str, Any]:
+    """A checkpoint's plain values — what ``ring.save`` got besides models, optimizers and schedulers, and
+    ``ring.extras`` (``model_args``, ``best_val_loss``...) — from a file or a sharded folder alike, on the CPU,
+    with no process group and no tensor read from a folder's shards: what a script needs before it builds its
+    model (``rt.checkpoint_values(path)["model_args"]``)."""
+    if is_sharded_checkpoint(path):
+        check(path)
+        info = files.read(os.path.join(path, INFO))
+        tree = join(info["skeleton"], {})
+        return {k: v for k, v in tree.items() if dict(info.get("kinds", {})).get(k) == "value"}
+    ckpt = files.read(path)
+    meta = ckpt.get(files.META_KEY)
+    listed = set(meta.get("extras") or []) if isinstance(meta, dict) else set()
+    return {k: v for k, v in ckpt.items() if k != files.META_KEY and (k in listed or not _is_state(v))}
+
+
+def _is_state(value: Any) -> bool:
+    """A model's or optimizer's state dict (tensors, or an optimizer's ``state``/``param_groups``)."""
+    if isinstance(value, Mapping):
+        if set(value) >= {"state", "param_groups"}:
+            return True
+        return bool(value) and all(isinstance(v, torch.Tensor) for v in value.values())
+    return False
 
 
 def consolidate(folder: str, out: str) -> dict[str, Any]:

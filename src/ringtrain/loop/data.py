@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import random
 import time
-import warnings
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Callable, Iterator
 
@@ -178,6 +177,41 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False)
     return batch
 
 
+class ShardedStream(IterableDataset):
+    """An ``IterableDataset`` read by one rank of many: item i of the stream goes to the rank (and DataLoader
+    worker) ``i mod (ranks x workers)`` — every item to exactly one of them, the same split on every pass.
+
+    A resumed pass skips this reader's first ``skip_batches`` batches (``RingLoader.resume``): exact when the
+    stream gives the same items in the same order for the same epoch (``set_epoch`` is passed on to it)."""
+
+    def __init__(self, inner: IterableDataset, num_replicas: int, rank: int, batch_size: int):
+        self.inner, self.num_replicas, self.rank, self.batch_size = inner, num_replicas, rank, batch_size
+        self.skip_batches = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.inner, "set_epoch"):
+            self.inner.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        # Read now, not at the first item: the ring loader clears skip_batches once its iterator exists.
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        readers, me = self.num_replicas * workers, self.rank * workers + worker
+        # DataLoader takes batches from its workers in turn: this worker made every workers-th of the skipped ones.
+        skip = len(range(worker, self.skip_batches, workers)) * self.batch_size
+        self.skip_batches = 0  # a persistent worker's copy skips only once
+        return self._items(readers, me, skip)
+
+    def _items(self, readers: int, me: int, skip: int) -> Iterator[Any]:
+        for i, item in enumerate(self.inner):
+            if i % readers != me:
+                continue
+            if skip:
+                skip -= 1
+                continue
+            yield item
+
+
 class RingLoader:
     """A DataLoader that sets its epoch, moves batches to the device and counts them."""
 
@@ -187,6 +221,7 @@ class RingLoader:
         self.device = device
         self.exact = exact
         self._skip = loader.sampler if isinstance(loader.sampler, _Skip) else None
+        self._stream = loader.dataset if isinstance(loader.dataset, ShardedStream) else None
         self._non_blocking = device.type == "cuda"
         self._next_epoch = 0
         self.epoch = 0
@@ -227,6 +262,10 @@ class RingLoader:
         when the world size changed: the rest of the epoch is re-sharded from there.
         """
         self._next_epoch = epoch
+        if self._stream is not None and batches:
+            self._stream.skip_batches = batches
+            self._resumed_batches = batches
+            return
         if self._skip is None or not self.loader.batch_size or not batches:
             return
         if position is not None and isinstance(self._skip.inner, DistributedSampler):
@@ -244,6 +283,8 @@ class RingLoader:
         sampler = self.sampler
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)
+        if self._stream is not None:
+            self._stream.set_epoch(self.epoch)
         self.batches_seen = self._resumed_batches
         try:
             self.pass_length = len(self.loader) + self._resumed_batches
@@ -253,17 +294,22 @@ class RingLoader:
         # What the watchdog reads (activity.py): a training loader's fetch is the step's data wait.
         phase, after = ("evaluation", "evaluation") if self.exact else ("data", "forward")
         batches = iter(self.loader)
+        if self._stream is not None:
+            self._stream.skip_batches = 0  # the iterator (and its workers' copies) took it
         try:
             while True:
                 if not self.exact:
                     self.activity.times.step_begins(time.perf_counter())
+                left = self.remaining()
+                if self.listener is not None and (left is None or left > 0):
+                    # Before the fetch: a dataset that draws random numbers (augmentation) in this process does
+                    # so after a checkpoint written here, as a resumed run does.
+                    self.listener(self)
                 with self.activity.timed(phase, "data"):
                     batch = next(batches, _END)
                 if batch is _END:
                     break
                 self.activity.enter(after)
-                if self.listener is not None:
-                    self.listener(self)
                 self.batches_seen += 1
                 yield move_to_device(batch, self.device, self._non_blocking) if self.device.type != "cpu" else batch
             self.finished = True
@@ -338,12 +384,13 @@ def make_loader(
                 "exact=True needs a map-style dataset (with __len__ and __getitem__)",
                 "shard the stream yourself by ring.rank and ring.world_size, and drop exact=True.",
             )
-        if world_size > 1:
-            warnings.warn(
-                "ring.loader got an IterableDataset: ringtrain cannot shard a stream, so every rank reads all of "
-                "it. Shard inside the dataset by ring.rank/ring.world_size (and torch.utils.data.get_worker_info()).",
-                stacklevel=3,
-            )
+        if user_sampler is not None or shuffle:
+            raise RingtrainError(
+                f"ring.loader got an IterableDataset with {'sampler=...' if user_sampler is not None else 'shuffle=True'}: "
+                "a stream has no indices to sample or shuffle",
+                "drop it (shuffle inside the stream, e.g. per its set_epoch), or give a map-style dataset.")
+        # Each rank (and each of its DataLoader workers) reads its own share of the stream (ShardedStream).
+        dataset = ShardedStream(dataset, world_size, rank, batch_size)
         sampler = None
     else:
         n = len(dataset)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import RingtrainError
 from .data import RingLoader
 from .step import Step
 
@@ -24,6 +25,8 @@ class Held:
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
     loaders: list[RingLoader] = field(default_factory=list)
     epoch: int | None = None  # the epoch ``ring.epochs`` is in, or None outside it
+    nonfinite: Any = None  # the ring's NonFiniteGuard: a checkpoint never saves what a NaN step produced
+    extras: dict[str, Any] = field(default_factory=dict)  # the script's own values every checkpoint carries
     _module_of: dict[int, nn.Module] = field(default_factory=dict)  # id(optimizer) -> the model it was set up with
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
@@ -33,6 +36,24 @@ class Held:
     def module_of(self, optimizer: Any) -> nn.Module | None:
         """The model ``optimizer`` was set up with (its parameters' names), or None."""
         return self._module_of.get(id(optimizer))
+
+    @staticmethod
+    def check_global_batch(value: Any) -> int | None:
+        """``Ring(global_batch=...)``: None, or a positive number of samples."""
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise RingtrainError(f"Ring got global_batch={value!r}",
+                                 "global_batch is the number of samples per optimizer step over the job, or None.")
+        return value
+
+    def accumulate_for(self, global_batch: int, per_device: int) -> int:
+        """``Ring(global_batch=...)``: the micro-batches per step that make it, from the per-device batch."""
+        k, left = divmod(global_batch, per_device * self.devices)
+        if left or k < 1:
+            raise RingtrainError(
+                f"Ring(global_batch={global_batch}) is not a whole number of steps of {per_device} per device x "
+                f"{self.devices} device(s) = {per_device * self.devices}",
+                f"choose global_batch as a multiple of {per_device * self.devices}, or another per-device batch size.")
+        return k
 
     @property
     def global_batch(self) -> int | None:

@@ -91,6 +91,7 @@ def wrap_optimizer(
         if inside[0]:
             # GradScaler.step calls optimizer.step(): this is that inner call.
             return previous_step(closure) if closure is not None else previous_step()
+        step_state.step_called()  # a step the window does not end raises here, in a loop that accumulates itself
         if not step_state.sync_now:
             return None
         if step_state.take_drop():

@@ -24,8 +24,10 @@ from torch import nn
 from ..errors import RingtrainError
 
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
-_ALIASES = {"32": "32", "32-true": "32", "fp32": "32", "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed",
-            "16-mixed": "16-mixed", "fp16": "16-mixed", "16": "16-mixed"}
+_ALIASES = {"32": "32", "32-true": "32", "fp32": "32", "float32": "32", "bf16-mixed": "bf16-mixed",
+            "bf16": "bf16-mixed", "bfloat16": "bf16-mixed", "16-mixed": "16-mixed", "fp16": "16-mixed",
+            "16": "16-mixed", "float16": "16-mixed", "half": "16-mixed"}
+_DTYPES = {torch.float32: "32", torch.bfloat16: "bf16-mixed", torch.float16: "16-mixed"}
 
 
 def cuda_properties(index: int) -> Any:
@@ -65,11 +67,16 @@ def _to_float32(output: Any) -> Any:
     return output
 
 
-def canonical(name: str) -> str:
-    """The precision's canonical name (``"bf16"`` -> ``"bf16-mixed"``); a clear error for unknown ones."""
-    if name not in _ALIASES:
-        raise RingtrainError(f"unknown precision {name!r}", f"use one of {', '.join(PRECISIONS)}.")
-    return _ALIASES[name]
+def canonical(name: Any) -> str:
+    """The precision's canonical name: ``"bf16"``, ``"bfloat16"`` and ``torch.bfloat16`` are ``"bf16-mixed"``
+    (a script's own ``dtype`` setting, as it has it); a clear error for unknown ones."""
+    if isinstance(name, torch.dtype) and name in _DTYPES:
+        return _DTYPES[name]
+    if isinstance(name, (str, int)) and not isinstance(name, bool) and str(name).lower() in _ALIASES:
+        return _ALIASES[str(name).lower()]
+    raise RingtrainError(f"unknown precision {name!r}",
+                         f"use one of {', '.join(PRECISIONS)} (or a torch dtype, or 'float16'/'bfloat16'/'float32').")
+
 
 
 class Precision:

@@ -13,6 +13,18 @@ window shrinks to what is left (and the loss is divided by that smaller count), 
 of n micro-batches always ends with a step, no gradient leaks into the next epoch, and a
 short window equals one batch of its samples. Loaders not made by the ring carry the window
 over instead (the ring cannot see their end).
+
+Two loops are both right, and ``Step`` tells them apart at the first ``optimizer.step()``:
+
+* *the ring accumulates* (``mode == "gated"``): ``optimizer.step()`` after every ``ring.backward``;
+  the calls between boundaries do nothing, and windows shrink at a ring loader's epoch end;
+* *the script accumulates* (``mode == "own"``): k ``ring.backward`` calls, then one
+  ``optimizer.step()`` — a window is then always k calls, whatever the epochs do, so the
+  script's steps and the ring's boundaries stay together.
+
+When they part — a step with no boundary since the last one, in a loop that accumulates itself,
+or a backward that starts a window after a boundary no step followed — the first such call raises
+a ``RingtrainError`` naming both counts: never a silent no-op step.
 """
 
 from __future__ import annotations
@@ -39,17 +51,32 @@ class Step:
         self.optimizer_steps = 0
         self.skipped_steps = 0  # windows dropped for a non-finite loss (nonfinite="skip")
         self.save_due = False
+        self.mode: str | None = None  # "gated" or "own" (see the module docstring), once the first step shows it
+        self.backwards = 0  # ring.backward calls since the last optimizer.step() of any optimizer
+        self.stepped_since_boundary = True
         self._drop_window = False
         self._lrs: list[float] | None = None
         self._new_window_hooks: list[Any] = []
+
+    def set_k(self, k: int, what: str = "accumulate") -> None:
+        """A new window size, before the first backward (a script derives it from the world size)."""
+        Step(k)  # the same checks as Ring(accumulate=k)
+        if self.backwards or self.micro or self.optimizer_steps or self.mode is not None:
+            raise RingtrainError(
+                f"{what} was changed to {k} after training began (window of {self.k}, "
+                f"{self.optimizer_steps} optimizer step(s) taken)",
+                "set ring.accumulate (or Ring(global_batch=...)) before the first ring.backward.")
+        self.k = self.window = k
 
     # --- the window -------------------------------------------------------------------------
     def boundary_ahead(self, remaining: int | None) -> bool:
         """Will the coming backward end the window? Decided before the forward, because
         DDP reads its ``no_sync`` flag in forward (DistributedDataParallel.forward →
-        reducer.prepare_for_backward), not in backward."""
+        reducer.prepare_for_backward), not in backward. A loop that accumulates itself keeps
+        its windows whole at epoch ends (its step comes after k backward calls, not sooner)."""
         if self.micro == 0:
-            self.window = max(1, min(self.k, remaining)) if remaining is not None else self.k
+            shrink = remaining is not None and self.mode != "own"
+            self.window = max(1, min(self.k, remaining)) if shrink else self.k
         return self.micro + 1 >= self.window
 
     def on_new_window(self, hook: Any) -> None:
@@ -59,6 +86,13 @@ class Step:
     def next_backward(self, remaining: int | None) -> tuple[int, bool]:
         """Advance one micro-step; return (loss divisor, is this the boundary)."""
         if self.micro == 0:
+            if self.k > 1 and not self.stepped_since_boundary and self.optimizer_steps + self.backwards:
+                raise RingtrainError(
+                    f"ring.backward was called after an accumulation boundary that no optimizer.step() followed: "
+                    f"Ring(accumulate={self.k}) ended a window of {self.window} micro-batch(es) at the last "
+                    "ring.backward, and its gradients would be added to the next window's",
+                    "call optimizer.step() (and optimizer.zero_grad()) once the window's ring.backward calls are "
+                    f"done: after every ring.backward (the ring steps every {self.k}), or after exactly {self.k}.")
             for hook in self._new_window_hooks:
                 hook()
         boundary = self.boundary_ahead(remaining)
@@ -66,7 +100,33 @@ class Step:
         self.micro = 0 if boundary else self.micro + 1
         self.sync_now = boundary
         self.just_stepped = False
+        self.backwards += 1
+        if boundary:
+            self.stepped_since_boundary = False
         return divisor, boundary
+
+    def step_called(self) -> None:
+        """``optimizer.step()`` was called (any optimizer, before the gate decides): learn which loop this is,
+        and refuse a step that the ring's window does not end (see the module docstring)."""
+        if self.k == 1:
+            self.backwards = 0
+            self.stepped_since_boundary = True
+            return
+        if self.backwards == 0:
+            return  # another optimizer's step in the same window, or a step before any backward
+        if self.mode is None:
+            self.mode = "gated" if self.backwards == 1 else "own"
+        if self.sync_now:
+            self.backwards = 0
+            self.stepped_since_boundary = True
+            return
+        if self.mode == "own":
+            raise RingtrainError(
+                f"optimizer.step() came after {self.backwards} ring.backward call(s), but Ring(accumulate={self.k}) "
+                f"ends a window every {self.k}: this step would do nothing, and the gradients would pile up",
+                f"call ring.backward exactly {self.k} times per optimizer.step() (or set ring.accumulate to the "
+                "number of micro-batches your loop takes per step), or call optimizer.step() after every "
+                "ring.backward and let the ring step every k.")
 
     def check_lr(self, optimizers: list[torch.optim.Optimizer]) -> None:
         """A scheduler stepped inside a window would run k times too fast: make that loud."""
@@ -116,4 +176,5 @@ class Step:
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.micro, self.sync_now, self.just_stepped, self.save_due = 0, True, False, False
+        self.backwards, self.stepped_since_boundary = 0, True
         self._drop_window = False

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from ..errors import RingtrainError
 
-DEVICES = ("auto", "cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda")  # and "cuda:N" (a script's own per-process choice), "mps" (one process)
 
 
 @dataclass(frozen=True)
@@ -48,27 +48,44 @@ def visible_gpus() -> Gpus:
 
 
 def check_device_name(device: str) -> None:
-    """``Ring(device=...)`` names a choice this module knows."""
-    if device not in DEVICES:
-        raise RingtrainError(f"Ring got device={device!r}", "use 'auto', 'cpu' or 'cuda'.")
+    """``Ring(device=...)`` names a choice this module knows: auto, cpu, cuda, cuda:N or mps."""
+    if device not in DEVICES and device != "mps" and _cuda_index(device) is None:
+        raise RingtrainError(f"Ring got device={device!r}", "use 'auto', 'cpu', 'cuda' (or 'cuda:N', 'mps').")
+
+
+def _cuda_index(device: str) -> int | None:
+    kind, _, index = str(device).partition(":")
+    return int(index) if kind == "cuda" and index.isdigit() else None
 
 
 def check_requested(device: str, gpus: Gpus) -> None:
     check_device_name(device)
-    if device == "cuda" and gpus.count == 0:
+    if (device == "cuda" or _cuda_index(device) is not None) and gpus.count == 0:
         raise RingtrainError("Ring(device='cuda') was asked for, but torch sees no CUDA device",
                              "use device='auto' (the CPU when there is no GPU); `ringtrain env` shows what torch finds.")
 
 
 def needs_peers(device: str, local_world_size: int, gpus: Gpus) -> bool:
     """True when the choice depends on which GPUs the other processes on this node see."""
-    return device != "cpu" and 0 < gpus.count < local_world_size
+    return device not in ("cpu", "mps") and 0 < gpus.count < local_world_size
 
 
 def choose_device(device: str, local_rank: int, local_world_size: int, gpus: Gpus,
                   peers: Sequence[Sequence[str]] | None = None) -> torch.device:
     """The device for this process. ``peers``: every local process's GPU UUIDs (see ``needs_peers``)."""
     check_requested(device, gpus)
+    if device == "mps":
+        return _mps(local_world_size)
+    if (index := _cuda_index(device)) is not None:
+        # A script's own choice (nanoGPT: f"cuda:{local_rank}"): right when it is the device this rule gives.
+        if local_world_size == 1 and index < gpus.count:
+            return torch.device("cuda", index)
+        if local_world_size > 1 and index == local_rank and gpus.count >= local_world_size:
+            return torch.device("cuda", index)
+        raise RingtrainError(
+            f"Ring(device={device!r}) in local rank {local_rank} of {local_world_size} with {gpus.count} GPU(s) "
+            "visible: " + ("that GPU is not visible" if index >= gpus.count else "another process's GPU"),
+            "give device='cuda' (ringtrain gives each process its own GPU: cuda:LOCAL_RANK), or 'auto'.")
     if device == "cpu" or gpus.count == 0:
         return torch.device("cpu")
     if gpus.count >= local_world_size:
@@ -83,6 +100,17 @@ def choose_device(device: str, local_rank: int, local_world_size: int, gpus: Gpu
         "start at most one process per GPU (ringtrain run --nproc-per-node gpu), give each process its own GPU "
         "(CUDA_VISIBLE_DEVICES per process, srun --gpus-per-task=1), or train on CPUs with Ring(device='cpu').",
     )
+
+
+def _mps(local_world_size: int) -> torch.device:
+    if local_world_size > 1:
+        raise RingtrainError(f"Ring(device='mps') with {local_world_size} processes on this machine: Apple's GPU "
+                             "is one device, and torch.distributed has no backend for it",
+                             "run one process (python train.py) with device='mps', or train several on device='cpu'.")
+    if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise RingtrainError("Ring(device='mps') was asked for, but this torch sees no Apple GPU (MPS)",
+                             "use device='auto' (the CPU here); `ringtrain env` shows what torch finds.")
+    return torch.device("mps")
 
 
 def default_device(requested: str = "auto", gpus: Gpus | None = None) -> torch.device:

@@ -85,6 +85,9 @@ class Strategy(ABC):
     def configure(self, *, accumulate: int = 1, nonfinite: str = "raise", sync_batchnorm: bool = False) -> None:
         """How the Ring will drive this strategy; refuse (RingtrainError) what it cannot do."""
 
+    def accumulate_changed(self, accumulate: int, optimizers: list[torch.optim.Optimizer]) -> None:
+        """``ring.accumulate`` was set before training began (after ``configure``; ``optimizers``: set up already)."""
+
     @property
     def env(self) -> Environment:
         if self._env is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, ContextManager
 
+import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -93,6 +94,8 @@ class DDP(Distributed, BackwardSyncControl, StageData):
             self.hooks.append(state)
             if self._saved_comm is not None:
                 self._load_hook_state(state, self._saved_comm)
+        wrapped.register_forward_pre_hook(_evaluation_starts)
+        wrapped.register_forward_hook(_evaluation_ends)
         return wrapped
 
     def resolved(self, module: nn.Module, group: Any) -> Any:
@@ -147,3 +150,20 @@ class DDP(Distributed, BackwardSyncControl, StageData):
     def __repr__(self) -> str:
         options = {**self.ddp_options, **({"compression": self.compression} if self.compression != "none" else {})}
         return f"DDP({', '.join(f'{k}={v!r}' for k, v in options.items())})"
+
+
+# A forward under torch.no_grad (evaluation) runs no collective: DDP's own forward would broadcast the buffers
+# (BatchNorm's statistics) from rank 0 first, so an evaluation on rank 0 alone — `if rank == 0: evaluate(model)`,
+# the most common script there is — paired its broadcast with another rank's next training forward and the ranks
+# fell out of step (Gloo: "Received data size doesn't match expected size", then SIGABRT). Skipped here, and the
+# flag DDP keeps for the next forward is put back as it was: training forwards broadcast exactly as before. An
+# evaluation then uses this rank's own buffers (rank 0's: the ones training broadcasts).
+def _evaluation_starts(module: DistributedDataParallel, args: Any) -> None:
+    if not torch.is_grad_enabled():
+        module._ringtrain_sync_after = module.require_forward_param_sync
+        module.require_forward_param_sync = False
+
+
+def _evaluation_ends(module: DistributedDataParallel, args: Any, output: Any) -> None:
+    if not torch.is_grad_enabled() and hasattr(module, "_ringtrain_sync_after"):
+        module.require_forward_param_sync = module._ringtrain_sync_after

@@ -27,6 +27,7 @@ as DDP's constructor does: FSDP2 itself would shard whatever each rank built.
 from __future__ import annotations
 
 import contextlib
+import datetime
 from typing import Any, ContextManager
 
 import torch
@@ -34,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import RingtrainError
+from ..liveness.activity import user_site
 from ..parallel.mesh import Layout, data_layout
 from . import _units, materialize
 from .base import BackwardSyncControl, Distributed, StageData
@@ -117,7 +119,10 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
 
     # --- model --------------------------------------------------------------------------------
     def setup_module(self, module: nn.Module, precision: Any, **options: Any) -> nn.Module:
-        return self.shard(module, precision, self.data_mesh, self.device)
+        sharded = self.shard(module, precision, self.data_mesh, self.device)
+        if self.world_size > 1 and self.group.store is not None:
+            sharded.register_forward_pre_hook(_EvaluationTogether(self), prepend=True)
+        return sharded
 
     def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
         """``module`` sharded in place with fp32 parameters (``setup_module`` passes the ring's precision)."""
@@ -185,6 +190,37 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
         """Clip by the norm of the whole gradient (summed over every rank's shard); return that norm."""
         norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm, norm_type=norm_type)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+class _EvaluationTogether:
+    """Every forward of a sharded model gathers each unit's shards from every rank: an evaluation under
+    ``torch.no_grad`` on one rank alone (``if rank == 0: evaluate(model)``) would pair its gathers with another
+    rank's training and hang or mix the two. Before each such forward the ranks meet in the job's store (a key
+    each, no collective); a rank the others do not join within the stall warning is named, with the fix."""
+
+    def __init__(self, strategy: "FSDP"):
+        self.strategy = strategy
+        self.count = 0
+
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        if torch.is_grad_enabled():
+            return
+        self.count += 1
+        group, rank, world = self.strategy.group, self.strategy.rank, self.strategy.world_size
+        store, wait = group.store, group.options.stall_warning or 60.0
+        keys = [f"fsdp-eval/{self.count}/{r}" for r in range(world)]
+        store.set(keys[rank], "1")
+        try:
+            store.wait(keys, datetime.timedelta(seconds=wait))
+        except (RuntimeError, OSError) as e:
+            missing = [r for r, key in enumerate(keys) if not store.check([key])]
+            raise RingtrainError(
+                f"rank {rank} ran a forward of the FSDP-sharded model under torch.no_grad (evaluation #{self.count}) "
+                f"at {user_site() or 'an unknown line'}, and rank(s) {missing} did not run one within {wait:g} s: "
+                "FSDP's forward gathers every unit's shards from every rank, so an evaluation on some ranks alone "
+                "waits for ranks that are elsewhere",
+                "evaluate on every rank (a ring.loader with exact=True, then ring.all_reduce the metric), or "
+                "ring.save the model and evaluate the checkpoint in a process of its own.") from e
 
 
 @contextlib.contextmanager

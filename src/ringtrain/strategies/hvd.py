@@ -80,6 +80,11 @@ class Horovod(Distributed):
         # Ring(accumulate=k) -> backward_passes_per_step=k: gradients travel once per window.
         self.backward_passes_per_step = accumulate
 
+    def accumulate_changed(self, accumulate: int, optimizers: list[torch.optim.Optimizer]) -> None:
+        self.backward_passes_per_step = accumulate
+        for optimizer in optimizers:  # the DistributedOptimizers already made: gradients travel once per window
+            optimizer.set_backward_passes_per_step(accumulate)
+
     def setup_environment(self) -> None:
         super().setup_environment()
         self.process_set.bind()  # its gradient group, and under NCCL a Gloo twin for CPU tensors
