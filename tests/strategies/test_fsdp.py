@@ -371,3 +371,21 @@ def test_an_evaluation_on_one_rank_alone_is_named_not_a_hang():
     text = str(failed.value)
     assert "FSDP-sharded model under torch.no_grad" in text and "rank(s) [1] did not run one" in text, text
     assert "_fsdp_jobs.py" in text and "evaluate on every rank" in text, text
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="needs root to mount a small tmpfs")
+def test_a_sharded_save_on_a_full_disk_names_errno_and_path_and_leaves_nothing(tmp_path):
+    """Issue 31, item 7: the only message was "CheckpointException ranks:dict_keys([0, 1])" with a HINT about
+    collectives, and a staging folder stayed on the full disk."""
+    disk = tmp_path / "small"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
+    try:
+        said = launch(jobs.save_into, str(disk))
+        for text in said:
+            assert "[Errno 28] No space left on device" in text and str(disk) in text, text
+            assert "HINT: check the checkpoint folder's space" in text and "collective" not in text.split("HINT:")[1]
+        assert os.listdir(disk) == [], os.listdir(disk)
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)

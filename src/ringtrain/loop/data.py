@@ -20,6 +20,7 @@ per-rank results in rank order restores dataset order.
 from __future__ import annotations
 
 import copy
+import functools
 import random
 import time
 from collections.abc import Mapping, MutableMapping
@@ -332,17 +333,20 @@ class RingLoader:
         }
 
 
-def _seed_worker(user_init: Callable[[int], None] | None) -> Callable[[int], None]:
-    def init(worker_id: int) -> None:
-        # DataLoader gives each worker torch seed base+worker_id; numpy and random
-        # are not seeded by torch and would repeat across workers without this.
-        seed = torch.initial_seed() % 2**32
-        np.random.seed(seed)
-        random.seed(seed)
-        if user_init is not None:
-            user_init(worker_id)
+def _init_worker(user_init: Callable[[int], None] | None, worker_id: int) -> None:
+    # DataLoader gives each worker torch seed base+worker_id; numpy and random
+    # are not seeded by torch and would repeat across workers without this.
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+    if user_init is not None:
+        user_init(worker_id)
 
-    return init
+
+def _seed_worker(user_init: Callable[[int], None] | None) -> Callable[[int], None]:
+    # A partial of a module-level function, not a closure: workers started by spawn or forkserver (macOS's
+    # default, Python 3.14's on Linux) receive it pickled.
+    return functools.partial(_init_worker, user_init)
 
 
 def make_loader(
