@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -291,14 +292,18 @@ def test_missing_manifest_resumes_from_the_newest_checkpoint(tmp_path, outside):
     assert set(checkpoints) == {"step-000000012.pt", "step-000000014.pt"}
 
 
-def test_corrupt_newest_checkpoint_resumes_from_the_one_before(tmp_path, outside):
+def test_corrupt_newest_checkpoint_resumes_from_the_one_before(tmp_path, outside, capsys):
     full, seen_full = jobs.periodic(str(tmp_path / "full"), 3)
     folder = tmp_path / "run"
     _, seen_first = jobs.periodic(str(folder), 3, stop_at_step=15)  # checkpoints of steps 12 and 14
     newest = folder / "step-000000014.pt"
     newest.write_bytes(newest.read_bytes()[:100])  # the disk kept only the start of it
-    with pytest.warns(UserWarning, match=r"cannot be read: step-000000014.pt \(.*\); resuming from step-000000012.pt"):
-        resumed, seen_second = jobs.periodic(str(folder), 3)
+    capsys.readouterr()
+    resumed, seen_second = jobs.periodic(str(folder), 3)
+    said = capsys.readouterr().out
+    assert re.search(r"set aside the damaged checkpoint step-000000014.pt as step-000000014.pt.damaged \(.*\); "
+                     r"resuming from step-000000012.pt", said), said
+    assert (folder / "step-000000014.pt.damaged").exists()  # kept, out of the way: never deleted silently
     assert len(seen_second) == (30 - 12) * 4, "did not resume from step 12"
     assert sorted(_steps_seen(seen_first, 12) + seen_second) == sorted(seen_full)
     assert (resumed - full).abs().max().item() <= 1e-6

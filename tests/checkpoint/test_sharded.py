@@ -118,3 +118,29 @@ def test_prepare_removes_only_our_staging_folders(tmp_path):
     with pytest.warns(UserWarning, match="rebuil|no complete"):
         CheckpointDir(folder).prepare()
     assert sorted(os.listdir(folder)) == [".step-000000008.notours.tmp", "step-000000010"]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("damage", ["zeros", "truncated"])
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_job_resumes_and_keeps_saving(run_ranks, tmp_path, damage):
+    """Issue 31, item 4: the newest sharded checkpoint is damaged (a shard of the right size filled with zeros:
+    DCP's CheckpointException, a BaseException; or truncated). The restart resumes from the previous whole one,
+    the damaged folder is set aside under a name that says so (never deleted), and saving goes on — the next
+    save at that step's name writes a new folder — ending as a run never damaged."""
+    folder = tmp_path / "ckpt"
+    clean = run_ranks(_ring_jobs.periodic, str(tmp_path / "clean"), 4, strategy="fsdp")[0][0]
+    run_ranks(_ring_jobs.periodic, str(folder), 4, stop_at_step=16, strategy="fsdp")  # 5 steps an epoch
+    newest = folder / "step-000000016"
+    shard = newest / "__1_0.distcp"
+    size = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        if damage == "zeros":
+            f.write(b"\0" * size)
+        else:
+            f.truncate(size // 2)
+    resumed = run_ranks(_ring_jobs.periodic, str(folder), 4, strategy="fsdp")[0][0]
+    assert torch.equal(resumed, clean)
+    names = sorted(os.listdir(folder))
+    assert "step-000000016.damaged" in names and "step-000000020" in names, names
+    manifest = [e["file"] for e in json.loads((folder / "manifest.json").read_text())["checkpoints"]]
+    assert "step-000000016.damaged" not in manifest

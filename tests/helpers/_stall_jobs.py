@@ -9,6 +9,10 @@ rank 1 (or rank 0, for ``extra``) misbehaves:
 * ``sigstop``— rank 1 stops itself (SIGSTOP): frozen, it cannot answer;
 * ``extra``  — rank 0 calls ring.all_reduce once more than rank 1 (which goes on to its backward);
 * ``slow``   — no stall: rank 1's data loading takes 40 ms longer per batch, for the whole run;
+* ``slowstep``— no stall either: from step 3, rank 1 takes 2 s more per step (outside any collective), so
+  rank 0 spends most of each step waiting in backward — moving, step after step;
+* ``native`` — rank 1 holds the GIL in native code (libc's sleep through ctypes.PyDLL): its watchdog
+  cannot answer, and its published position goes stale;
 * ``plain``  — a plain torch.distributed script (no ringtrain API): rank 1 sleeps before an all_reduce.
 
 Each line the job prints to stdout starts with ``JOB``; a rank that was never stopped prints
@@ -77,8 +81,14 @@ def ring_job(mode: str, timeout: float | None, steps: int) -> None:
                     sum(range(1000))
             if mode == "sigstop" and ring.rank == 1:
                 os.kill(os.getpid(), signal.SIGSTOP)
+            if mode == "native" and ring.rank == 1:
+                import ctypes
+
+                ctypes.PyDLL(None).sleep(10_000)  # the native call that holds the GIL
             if mode == "extra" and ring.rank == 0:
                 ring.all_reduce(torch.ones(3))  # rank 1 never calls this one
+        if mode == "slowstep" and ring.rank == 1 and step >= STALL_STEP:
+            time.sleep(2.0)  # a slow step, not a stuck one
         ring.backward(F.cross_entropy(model(x), y))
         optimizer.step()
         optimizer.zero_grad()
@@ -149,7 +159,8 @@ def slow_loader_job(steps: int) -> None:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["data", "spin", "sigstop", "extra", "slow", "plain", "clean"])
+    parser.add_argument("mode", choices=["data", "spin", "sigstop", "extra", "slow", "slowstep", "native", "plain",
+                                         "clean"])
     parser.add_argument("--timeout", type=float, default=None)
     parser.add_argument("--steps", type=int, default=STEPS)
     args = parser.parse_args(argv)

@@ -464,3 +464,13 @@ def test_sigterm_stops_every_node(tmp_path):
             proc.wait()
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "stopped by SIGTERM; stopping all 2 node(s)" in err
+
+
+def test_horovodruns_own_line_without_the_flag_runs_on_ringtraings_horovod():
+    """Issue 31, item 11: `ringtrain run -np 2 -H localhost:2 python script.py` on a script that imports
+    horovod.torch failed with ModuleNotFoundError; the line is horovodrun's, and no Horovod is installed: the
+    script runs on ringtrain's Horovod, and the launcher says so once."""
+    proc = _run("-np", "2", "-H", "localhost:2", "python", EXAMPLE, "--epochs", "1")
+    assert proc.returncode == 0, outputs(proc)
+    assert proc.stderr.count("it runs on ringtrain's Horovod API (as with --horovod)") >= 1, outputs(proc)
+    assert "2 worker(s)" in proc.stdout, outputs(proc)

@@ -5,6 +5,7 @@ End-to-end behaviour — real jobs where one rank leaves — is in tests/launche
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import subprocess
@@ -18,7 +19,7 @@ import torch.distributed as dist
 
 from ringtrain.liveness import failures, membership as liveness, procs
 from ringtrain.launcher.report import first_cause
-from ringtrain.liveness.records import Blame
+from ringtrain.liveness.records import Blame, Exit, Post
 
 
 def boards(world_size: int = 2, generation: str = "0-0") -> list[liveness.Board]:
@@ -180,8 +181,10 @@ def test_a_neighbour_that_vanished_without_a_word_counts_as_failed():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     b1.store.set("hello/1", f'{{"pid": {child.pid}, "host": "{procs.host_identity()}"}}')
-    message, info = watchdog(b0).check()
-    assert "rank 1 failed (its process ended without a word" in message
+    dog = watchdog(b0)
+    assert dog.check() is None  # its agent gets a moment to say how it ended (VanishedNeighbour.AGENT_WAIT_S)
+    message, info = _first_verdict(dog, 5)
+    assert "rank 1 failed (its process ended without a word (killed by a signal, or os._exit?)" in message
     # the same pid on another host (or pid namespace) says nothing about this one
     b0b, b1b = boards()
     b0b.hello()
@@ -232,3 +235,95 @@ def test_first_cause_prefers_own_failures_then_signals_then_peers():
     # ... but not the agent's own SIGTERM to the rest
     rank, _, blame = first_cause({0: Failure(1, record(10.0, "peer", blamed), 0, 1), 1: Failure(-15, None, 1, 2)})
     assert (rank, blame) == (0, Blame(1, "finished", "process exit"))
+
+
+def _first_verdict(dog, within: float):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        verdict = dog.check()
+        if verdict is not None:
+            return verdict
+        time.sleep(0.05)
+    raise AssertionError("no verdict")
+
+
+def test_a_vanished_neighbour_is_named_as_its_agent_says_when_the_agent_says_it_in_time():
+    """Issue 31, item 10: a rank SIGKILLed on this host was blamed "without a word" before its node's agent could
+    post "killed by SIGKILL on host H, pid P"; the agent's word is waited for a moment, and used."""
+    b0, b1 = boards()
+    b0.hello()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    b1.store.set("hello/1", f'{{"pid": {child.pid}, "host": "{procs.host_identity()}"}}')
+    dog = watchdog(b0)
+    assert dog.check() is None
+    b1.post_exit(Exit(rank=1, pid=child.pid, hostname="vm", exitcode=-9, time=time.time()))
+    message, _ = _first_verdict(dog, 5)
+    assert "SIGKILL" in message and "without a word" not in message, message
+
+
+def test_a_finished_peer_that_took_part_in_this_collective_is_waited_for(monkeypatch):
+    """Issue 31, item 2: a peer that finished after issuing this rank's collective (its post's count >= ours)
+    completes it, however late a busy machine lets this rank see that: not a failure within the stall warning.
+    A peer that finished before issuing it never will: stopped after the grace, as before."""
+    for peer_seq, stopped in ((5, False), (4, True)):
+        b0, b1 = boards()
+        dog = watchdog(b0, sequence=lambda: 5, stall_warning=30)
+        b1._write_post(Post(rank=1, state="finished", reason="ring.close", time=time.time(), seq=peer_seq))
+        assert dog.check() is None
+        seen, release = [], threading.Event()
+
+        def look() -> None:
+            deadline = time.monotonic() + 1.5  # 5x the grace
+            while time.monotonic() < deadline and not seen:
+                if (verdict := dog.check()) is not None:
+                    seen.append(verdict)
+                time.sleep(0.05)
+            release.set()
+
+        looker = threading.Thread(target=look)
+        looker.start()
+        _main_thread_in_collective(release)
+        looker.join()
+        assert bool(seen) == stopped, (peer_seq, seen)
+
+
+def test_a_forged_stack_counter_costs_nothing_and_real_requests_are_still_answered():
+    """Issue 31, item 9: store.add(".../stacks", 10**9) from anyone who reaches the store kept every watchdog
+    looping through 10**9 requests; only the newest few sealed requests are looked at now."""
+    b0, b1 = boards()
+    dog = watchdog(b0)
+    dog.check()
+    b1.store.add("stacks", 10**9)
+    started = time.monotonic()
+    dog.check()
+    assert time.monotonic() - started < 1.0
+    number = b1.request_stacks()
+    dog.check()
+    assert "Thread 'MainThread'" in b1.answers(number, [0], 2.0).get(0, "")
+
+
+def test_a_stall_claim_taken_beforehand_by_someone_else_is_not_the_jobs():
+    """Issue 31, item 9: pre-claiming the stall/* keys suppressed every report; a sealed board claims under a
+    name only the job's ranks can make."""
+    from ringtrain.liveness.seal import Seal
+
+    store = dist.HashStore()
+    board = liveness.Board(store, 0, 2, "0-0", Seal("the-jobs-secret"))
+    board.store.set("stall/100/1", "9")  # what the old, guessable name was
+    assert board.claim("100/1") and not liveness.Board(store, 1, 2, "0-0", Seal("the-jobs-secret")).claim("100/1")
+
+
+def test_positions_older_than_the_others_are_not_taken_for_a_mismatch():
+    """Issue 31, item 10: a rank's stale whereabouts (published long before) said "the ranks were in different
+    collectives" after a kill; only positions of about the same moment are compared."""
+    from ringtrain.liveness import stall
+    from ringtrain.liveness.records import Whereabouts
+
+    now = time.time()
+    fresh = Whereabouts(rank=0, pid=1, host="h", hostname="h", beat=now, step=12, phase="backward",
+                        waiting="all_reduce #30", seq=30)
+    stale = Whereabouts(rank=1, pid=2, host="h", hostname="h", beat=now - 40, step=1, phase="forward",
+                        waiting="__init__", seq=2)
+    assert stall.mismatch({0: fresh, 1: stale}) is None
+    assert "rank 1 is in __init__" in stall.mismatch({0: fresh, 1: dataclasses.replace(stale, beat=now)})

@@ -141,6 +141,28 @@ def test_stacks_on_demand_from_every_rank_without_stopping_the_job():
         assert job.proc.poll() is None  # still running
 
 
+def test_a_slow_rank_that_moves_is_never_reported_as_stalled():
+    """Issue 31, item 3: rank 1 takes 2 s more per step than rank 0 from step 3 on; rank 0 spends most of each
+    step waiting in backward, but both move, step after step: no stall report with a 3 s warning (the stall
+    clock counted samples of "in backward" and was never reset when the step advanced)."""
+    with Job("slowstep", "--steps", "9", warning=WARNING_S) as job:
+        job.wait_for(r"^JOB done rank=0 steps=9", 90)
+        job.proc.wait(60)
+        assert job.proc.returncode == 0, job.text
+        assert "ringtrain: stall:" not in job.text, job.text
+
+
+def test_a_rank_holding_the_gil_in_native_code_is_shown_where_it_is_now():
+    """Issue 31, item 8: rank 1 is stuck in a native call that holds the GIL (its watchdog cannot answer and its
+    published position goes stale); the report takes its stack from outside and shows that line."""
+    line = next(i for i, text in enumerate(open(JOBS), 1) if "# the native call that holds the GIL" in text)
+    with Job("native") as job:
+        job.wait_for(r"^  not responding: rank 1", WARNING_S + 20)
+        job.wait_for(rf"_stall_jobs\.py\", line {line}", 5)
+        report = job.text[job.text.index("ringtrain: stall:"):]
+        assert "(taken from outside: it did not answer)" in report, report
+
+
 def test_the_slowest_rank_is_named_with_where_its_time_goes():
     with Job("slow", "--steps", "200", warning=None) as job:
         job.wait_for(r"^JOB stats", 90)

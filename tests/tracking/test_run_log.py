@@ -40,9 +40,10 @@ def test_logged_values_are_reduced_over_every_rank_and_written_once(run_ranks, t
             for rank in range(2):  # every rank gets the reduced values back
                 assert ranks[rank]["got"][call][name] == pytest.approx(expected, rel=1e-6), (call, reduce, name)
             assert float(rows[call][name]) == pytest.approx(expected, rel=1e-6), (call, reduce, name)
-    assert all(c == 1 for r in ranks for c in r["calls"])  # one collective per call
+    assert all(c == 2 for r in ranks for c in r["calls"])  # the names' check and the matrix, per call
     for r in ranks:
         assert "other metric names on rank(s) [1]" in r["mismatch"] and "HINT:" in r["mismatch"]
+        assert "acc not logged by every rank" in r["only_one"] and "HINT:" in r["only_one"], r["only_one"]
     assert len(read_csv(folder / "metrics.csv")) == calls  # the mismatched call wrote nothing
     # one writer: one event file, and per-rank step times of both ranks in ranks.csv
     assert len([f for f in os.listdir(folder) if f.startswith("events.out.tfevents")]) <= 1

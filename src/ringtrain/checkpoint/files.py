@@ -29,6 +29,11 @@ META_KEY = "ringtrain"
 FORMAT = 1
 
 
+class DamagedCheckpoint(RingtrainError):
+    """A checkpoint that is there but does not read back whole (truncated, zero-filled, bit-flipped): a resume
+    sets it aside and takes the previous one."""
+
+
 def state_of(value: Any) -> Any:
     return value.state_dict() if hasattr(value, "state_dict") and callable(value.state_dict) else value
 
@@ -109,7 +114,7 @@ def read(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> d
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
-        raise RingtrainError(
+        raise DamagedCheckpoint(
             f"cannot read the checkpoint {path!r} ({one_line(e)})",
             "the file is damaged or was not written by torch.save; checkpoints that hold arbitrary Python "
             "objects cannot be loaded safely (weights_only=True) — save tensors, numbers, strings, lists and dicts.",

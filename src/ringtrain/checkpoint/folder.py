@@ -60,6 +60,7 @@ class CheckpointDir:
     MANIFEST = "manifest.json"
 
     def __init__(self, folder: str | os.PathLike, keep_last: int = 3):
+        self.notes: list[str] = []  # what the main process set aside while choosing where to resume
         if not isinstance(keep_last, int) or keep_last < 1:
             raise RingtrainError(f"Ring got keep_last={keep_last!r}", "keep at least 1 checkpoint.")
         self.folder = os.fspath(folder)
@@ -216,6 +217,12 @@ class CheckpointDir:
         """Paths of the listed checkpoints, newest first."""
         return [os.path.join(self.folder, e["file"]) for e in reversed(self._entries())]
 
+    def seconds_of(self, path: str) -> float | None:
+        """How long the save of the listed checkpoint ``path`` took (the manifest's record), or None."""
+        name = os.path.basename(path)
+        found = [e.get("seconds") for e in self._entries() if e["file"] == name]
+        return float(found[-1]) if found and isinstance(found[-1], (int, float)) else None
+
     def latest(self) -> str | None:
         """Path of the newest listed checkpoint, or None."""
         candidates = self.candidates()
@@ -225,7 +232,7 @@ class CheckpointDir:
         """The newest listed checkpoint that reads back whole; None when none is listed.
 
         A newer one that does not read (damaged on disk, truncated by a full disk after
-        its rename) is named in a warning and skipped. Each candidate is read once here
+        its rename) is set aside (``set_aside``), and what was done is left in ``notes``. Each candidate is read once here
         and again by the resume: a second read of one file per restart, in exchange for
         deciding on the main process alone (every rank then loads the same file).
         When every listed checkpoint fails, that is an error rather than a fresh start:
@@ -237,20 +244,32 @@ class CheckpointDir:
         for path in candidates:
             problem = self._problem(path)
             if problem is None:
-                if problems:
-                    warnings.warn(
-                        f"ringtrain: skipped the newest checkpoint(s) of {self.folder}, which cannot be read: "
-                        f"{'; '.join(problems)}; resuming from {os.path.basename(path)}",
-                        stacklevel=2,
-                    )
+                for damaged, why in problems:  # newer ones that do not read: out of the way of the next saves
+                    self.notes.append(self.set_aside(damaged, why, instead=path))
                 return path
-            problems.append(f"{os.path.basename(path)} ({problem})")
+            problems.append((path, problem))
         if problems:
+            listed = "; ".join(f"{os.path.basename(p)} ({why})" for p, why in problems)
             raise RingtrainError(
-                f"none of the checkpoints listed in {self.manifest!r} can be read: {'; '.join(problems)}",
+                f"none of the checkpoints listed in {self.manifest!r} can be read: {listed}",
                 "check the disk and the files; to start from scratch instead, move the folder away.",
             )
         return None
+
+    def set_aside(self, path: str, why: str, instead: str | None = None) -> str:
+        """Move a damaged checkpoint out of the way (renamed ``<name>.damaged``, never deleted) and out of the
+        manifest, so the run resumes from an older one and saves again under that step's name; what to say."""
+        name = os.path.basename(self._inside(os.path.basename(path)))
+        target = os.path.join(self.folder, f"{name}.damaged")
+        n = 1
+        while os.path.lexists(target):
+            n += 1
+            target = os.path.join(self.folder, f"{name}.damaged-{n}")
+        if os.path.lexists(path):
+            os.rename(path, target)
+        self._write_manifest([e for e in self._entries() if e["file"] != name])
+        return (f"ringtrain: set aside the damaged checkpoint {name} as {os.path.basename(target)} ({why}); "
+                f"resuming from {os.path.basename(instead) if instead else 'an earlier one'}")
 
     @staticmethod
     def _problem(path: str) -> str | None:

@@ -49,9 +49,10 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from ..errors import RingtrainError, one_line
+from ..errors import RingtrainError
 from ..liveness.activity import Activity, waits_for_peers
 from . import files
+from .dcp_errors import dcp_failure
 from .metadata import HINT_DAMAGED as _HINT_DAMAGED, read_metadata, safe_reader
 from .state import is_sharded, optimizer_by_index
 from .temporaries import remove_dead_temporaries, temporary_folder, write_failed
@@ -178,7 +179,7 @@ def problem(folder: str) -> str | None:
 def check(folder: str) -> None:
     found = problem(folder)
     if found is not None:
-        raise RingtrainError(f"cannot load the sharded checkpoint {folder!r}: {found}", _HINT_DAMAGED)
+        raise files.DamagedCheckpoint(f"cannot load the sharded checkpoint {folder!r}: {found}", _HINT_DAMAGED)
 
 
 def is_sharded_checkpoint(path: str) -> bool:
@@ -206,16 +207,22 @@ def staging_folder(path: str) -> str:
 
 
 def write_shards(folder: str, tensors: Mapping[str, torch.Tensor], group: Any = None) -> None:
-    """DCP's save of ``tensors`` into ``folder`` (collective over ``group``; every file fsync-ed)."""
+    """DCP's save of ``tensors`` into ``folder`` (collective over ``group``; every file fsync-ed). A failure is a
+    ``RingtrainError`` naming the rank, errno and path (``dcp_failure``)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     writer = dcp.FileSystemWriter(folder, sync_files=True)
-    if dist.is_available() and dist.is_initialized():
-        dcp.save(dict(tensors), storage_writer=writer, process_group=group)
-    else:
-        with _one_process():
-            dcp.save(dict(tensors), storage_writer=writer, no_dist=True)
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dcp.save(dict(tensors), storage_writer=writer, process_group=group)
+        else:
+            with _one_process():
+                dcp.save(dict(tensors), storage_writer=writer, no_dist=True)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+        raise dcp_failure("writing", folder, e) from e
 
 
 def finish(staging: str, path: str, skeleton: Any, kinds: Mapping[str, str], meta: Mapping[str, Any]) -> None:
@@ -290,8 +297,10 @@ class AsyncSave:
     def in_flight(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self, staging: str, tensors: Mapping[str, torch.Tensor], done: Callable[[], None]) -> None:
-        """Copy ``tensors`` to CPU memory now, then write them in the background and call ``done()``."""
+    def start(self, staging: str, tensors: Mapping[str, torch.Tensor], done: Callable[[], None],
+              clean_up: bool = False) -> None:
+        """Copy ``tensors`` to CPU memory now, then write them in the background and call ``done()``;
+        ``clean_up`` (the main process): a failed save's staging folder is removed."""
         start = time.perf_counter()
         staged = self._stage(tensors)
         self.staging_s = time.perf_counter() - start
@@ -307,6 +316,9 @@ class AsyncSave:
                 done()
             except BaseException as e:  # surfaced by wait() on the main thread
                 self._error = e
+                if clean_up:  # what a failed save wrote (a full disk): nothing of it stays
+                    with contextlib.suppress(OSError):
+                        remove(staging)
             finally:
                 self.write_s = time.perf_counter() - begun
 
@@ -390,8 +402,10 @@ def load(folder: str, target_for: Callable[[str, tuple[int, ...], torch.dtype], 
         else:
             with _one_process():
                 dcp.load(targets, storage_reader=reader, no_dist=True)
-    except Exception as e:
-        raise RingtrainError(f"cannot read the sharded checkpoint {folder!r} ({one_line(e)})", _HINT_DAMAGED) from e
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+        raise dcp_failure("reading", folder, e, damaged=True) from e
     return join(info["skeleton"], targets), dict(info.get("kinds", {})), dict(info.get("meta", {}))
 
 

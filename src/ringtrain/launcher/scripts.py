@@ -52,6 +52,18 @@ def local_rank_spelling(source: str) -> str | None:
 _TCP_INIT = re.compile(r"""init_method\s*=\s*(['"])tcp://(\[[^\]]+\]|[^:'"/]+):(\d+)\1""")
 
 
+def imports_horovod(source: str) -> bool:
+    """Does the script import Horovod (``import horovod.torch as hvd``, ``from horovod import ...``)?"""
+    return re.search(r"^\s*(import\s+horovod\b|from\s+horovod(\.\w+)*\s+import\b)", source, re.M) is not None
+
+
+def horovod_installed() -> bool:
+    """A real Horovod in this environment (its own package, not ringtrain's alias)."""
+    import importlib.util
+
+    return importlib.util.find_spec("horovod") is not None
+
+
 def tcp_rendezvous(source: str) -> tuple[str, int] | None:
     """The (host, port) of a literal ``init_method="tcp://host:port"`` in the script, if it has one.
 

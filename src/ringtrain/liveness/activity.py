@@ -150,6 +150,21 @@ def waits_for_peers(describe: Callable[[FrameType], str] | None = None):
     return mark
 
 
+def engine_sequence() -> int | None:
+    """How many collectives this process has issued on the job's default group (torch.distributed counts them,
+    the same on every rank, in order), or None where there is no group. Read, never changed: a rank whose count
+    moves is making progress, and a peer that finished with a count at least ours took part in our collective.
+    torch.distributed is not imported here: only looked up where the script already imported it."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        # The process group's own counter (c10d's sequence number: what its flight recorder and desync debug read).
+        return int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
+    except Exception:  # noqa: BLE001 - a backend without the counter, or a group being torn down
+        return None
+
+
 def blocked_in(activity: "Activity | None", backward_syncs: bool, frame: FrameType | None = None) -> str | None:
     """What the main thread is blocked in, if it waits for other ranks; else None. Marked functions of ringtrain
     (``waits_for_peers``) and the engine's modules count; a DDP backward too when ``backward_syncs``. The

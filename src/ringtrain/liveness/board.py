@@ -27,15 +27,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import time
 from typing import Any
 
 from . import procs
+from .activity import engine_sequence
 from .records import Blame, Exit, Post, Whereabouts
 from .seal import Seal
 
 PREFIX = "ringtrain/live"
+MAX_WORLD = 1 << 20  # more ranks than any job has run (ranks are 32-bit ints; the largest jobs had ~10**5)
+_GENERATION = re.compile(r"\d+-\d+")  # "<restart count>-<formation>" (parallel/group.py)
 
 
 class StoreLost(RuntimeError):
@@ -150,7 +154,7 @@ class Board:
     def post(self, state: str, reason: str, *, cause: str = "own", blame: Blame | None = None,
              during: str | None = None) -> Post:
         entry = Post(rank=self.rank, state=state, reason=reason, time=time.time(), pid=os.getpid(), cause=cause,
-                     blame=blame, during=during)
+                     blame=blame, during=during, seq=engine_sequence())
         self.posted = entry
         self._write_post(entry)
         return entry
@@ -239,10 +243,11 @@ class Board:
 
     # --- stacks on request ---------------------------------------------------------------------
     def request_stacks(self, all_threads: bool = False) -> int:
-        """Ask every rank for its stack; the request's number (0 when the store is gone)."""
+        """Ask every rank for its stack; the request's number (0 when the store is gone). The request is a sealed
+        record: the counter alone (a plain store counter anyone who reaches the store can add to) asks nothing."""
         try:
             number = self.store.add("stacks", 1)
-            self.store.set(f"stacks/{number}", "all" if all_threads else "main")
+            self._put(f"stacks/{number}", "all" if all_threads else "main")
             return number
         except (RuntimeError, OSError):
             return 0
@@ -251,11 +256,13 @@ class Board:
         """The newest request's number (raises RuntimeError when the store is gone)."""
         return self.store.add("stacks", 0)
 
-    def request_kind(self, number: int) -> str:
+    def request_kind(self, number: int) -> str | None:
+        """``"main"`` or ``"all"``: what request ``number`` asks; None while its record is not there (or is not
+        the job's)."""
         with contextlib.suppress(RuntimeError, OSError):
-            if self.store.check([f"stacks/{number}"]):
-                return self.store.get(f"stacks/{number}").decode()
-        return "main"
+            kind = self._get(f"stacks/{number}")
+            return kind if kind in ("main", "all") else None
+        return None
 
     def answer(self, number: int, text: str) -> None:
         with contextlib.suppress(RuntimeError, OSError):
@@ -280,7 +287,9 @@ class Board:
     def claim(self, key: str) -> bool:
         """True for the first rank to claim ``key`` (a stall report: one report, not one per rank)."""
         try:
-            return self.store.compare_set(f"stall/{key}", "", str(self.rank)).decode() == str(self.rank)
+            # Under a name only the job's ranks can make: a key claimed beforehand by anyone else is another key.
+            name = self.seal.name(f"stall/{key}")
+            return self.store.compare_set(name, "", str(self.rank)).decode() == str(self.rank)
         except (RuntimeError, OSError):
             return False
 
@@ -304,5 +313,9 @@ def job_board(store: Any = None, master: tuple[str, int] | None = None) -> "Boar
         generation = store.get(key).decode()
         world = int(store.get(f"{PREFIX}/{generation}/world").decode())
     except (RuntimeError, OSError, ValueError):
+        return None
+    # Both are plain store values anyone who reaches the store can set: a generation that is no name of ours, or a
+    # world too large to be one (the launcher reads every rank's keys), is no board to read.
+    if not 1 <= world <= MAX_WORLD or not _GENERATION.fullmatch(generation):
         return None
     return Board(store, -1, world, generation)

@@ -23,11 +23,13 @@ Torch-free: the launcher uses it before torch is imported.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
 import secrets
 import sys
+import time
 from typing import Mapping
 
 from ..errors import RingtrainError
@@ -60,6 +62,11 @@ class Seal:
     def seal(self, key: str, text: str) -> str:
         """``text`` as stored under ``key`` (the full store key): sealed when there is a secret."""
         return text if self._key is None else f"{TAG}{self._mac(self._key, key, text)}:{text}"
+
+    def name(self, key: str) -> str:
+        """A store key only the job's ranks can name (``key`` and a MAC of it): a claim nobody else can take first.
+        Without a secret, ``key`` itself."""
+        return key if self._key is None else f"{key}/{self._mac(self._key, key, 'name')[:16]}"
 
     def open(self, key: str, raw: bytes | str) -> str | None:
         """The text stored under ``key`` if the job wrote it; None (and one line on stderr) if not."""
@@ -107,16 +114,43 @@ def user_secret(environ: Mapping[str, str] = os.environ) -> str | None:
     return text
 
 
-def job_secret(multi_node: bool, environ: Mapping[str, str] = os.environ) -> tuple[str | None, str | None]:
+def loopback_secret(home: str | None = None) -> str:
+    """The secret of this user's jobs whose nodes all run on this machine (a master on a loopback address): kept
+    in a file only this user can read, so every node's agent finds the same one and no other user's process can
+    seal a post. Made once (the first agent to get there; the others read it)."""
+    folder = os.path.join(home or os.path.expanduser("~"), ".cache", "ringtrain")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    path = os.path.join(folder, "loopback-secret")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        for _ in range(50):  # another agent is writing it this instant
+            with open(path) as f:
+                if text := f.read().strip():
+                    return text
+            time.sleep(0.02)
+        raise
+    with os.fdopen(fd, "w") as f:
+        f.write(new_secret())
+    with open(path) as f:
+        return f.read().strip()
+
+
+def job_secret(multi_node: bool, environ: Mapping[str, str] = os.environ,
+               loopback: bool = False) -> tuple[str | None, str | None]:
     """(the secret this agent hands its workers, a warning for the user or None).
 
-    The user's secret if given; else one made now for a single-node job (nobody else needs it); else
-    none: the nodes of a multi-node job would each make their own and reject one another's posts."""
+    The user's secret if given; else one made now for a single-node job (nobody else needs it); else, for
+    nodes that all run on this machine (``loopback``), this user's loopback secret; else none: the nodes of a
+    multi-node job would each make their own and reject one another's posts."""
     given = user_secret(environ)
     if given:
         return given, None
     if not multi_node:
         return new_secret(), None
+    if loopback:
+        with contextlib.suppress(OSError):
+            return loopback_secret(), None
     return None, (f"ringtrain run: warning: this multi-node job's board is not sealed: any process that reaches "
                   f"the master port can post a fake failure that ends the job.\nHINT: set {SECRET_ENV} (or "
                   f"{SECRET_FILE_ENV}, a file holding it) to the same secret on every node; see README.md, "

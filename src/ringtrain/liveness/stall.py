@@ -36,6 +36,9 @@ def responding(view: Whereabouts | None, now: float) -> bool:
 def mismatch(views: dict[int, Whereabouts]) -> str | None:
     """``rank 0 is in all_reduce #8 at train.py:40; rank 1 is in backward ... at train.py:52`` when every
     rank waits, but not in the same collective."""
+    if views:  # a position older than the others' by more than a publishing beat says where a rank was, not is
+        newest = max(v.beat for v in views.values())
+        views = {r: v for r, v in views.items() if newest - v.beat <= FRESH_S}
     waiting = {r: v for r, v in views.items() if v.waiting}
     if len(waiting) < 2 or len(waiting) != len(views):
         return None
@@ -71,7 +74,9 @@ def stall_report(reporter: int, world: int, views: dict[int, Whereabouts], stack
             hello = (hellos or {}).get(r, {})
             pid = (f"pid {view.pid} on {view.hostname}" if view else
                    f"pid {hello['pid']} on {hello.get('hostname', '?')}" if "pid" in hello else "never joined")
-            lines.append(f"  not responding: rank {r} ({pid}{state}){last}")
+            lines.append(f"  not responding: rank {r} ({pid}{state}){last}" + (", and now:" if stacks.get(r) else ""))
+            if stacks.get(r):
+                lines.append(textwrap.indent(stacks[r].rstrip(), "      "))
             continue
         lines.append(f"  not arrived:   rank {r} {_where(view, now)}" + (":" if stacks.get(r) else ""))
         if stacks.get(r):

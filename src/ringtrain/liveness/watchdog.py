@@ -8,12 +8,16 @@ first that returns a verdict ends the process:
    is); a peer that posted "finished" is remembered;
 2. ``VanishedNeighbour`` — a same-host peer whose process is gone without a post counts as failed;
 3. ``FinishedWhileBlocked`` — a peer finished while this rank stays blocked in a collective for
-   ``grace`` seconds: it will never arrive;
+   ``grace`` seconds: it will never arrive — unless the peer had issued this collective too (its post's
+   collective count is at least ours): then it completes, however late on a busy machine, and only a
+   wait past the stall warning is taken for a stop;
 4. ``Publisher`` — this rank's ``Whereabouts`` (records.py) on the board, at most once a second:
    step, phase, the collective it waits in, the user's line it is at, its step times;
 5. ``StackAnswers`` — a request for stacks (a stall report, ``kill -USR1`` on the launcher) is
    answered with this rank's Python stack, read here, not by the main thread, which may be stuck;
-6. ``StallInspector`` — blocked in a collective for ``stall_warning`` seconds: one report for the job
+6. ``StallInspector`` — blocked in a collective for ``stall_warning`` seconds *with no progress* (the
+   step, the ring's collectives, the engine's collective count and the phase all stand still: a rank
+   that spends most of each step waiting is moving, not stalled): one report for the job
    (the lowest waiting rank claims it) naming who waits, who has not arrived and where (its stack),
    who does not answer; again at growing intervals;
 7. ``SlowRanks`` — rank 0: when one rank holds the others back, one line saying which and why, at
@@ -32,8 +36,8 @@ import time
 from typing import Any, Callable
 
 from ..errors import RingtrainError
-from . import failures, procs, stall
-from .activity import Activity, blocked_in, format_stacks, user_site
+from . import dump, failures, procs, stall
+from .activity import Activity, blocked_in, engine_sequence, format_stacks, user_site
 from .board import Board
 from .records import Blame, Whereabouts
 
@@ -78,7 +82,7 @@ def stall_warning_of(value: float | None | str = "default", environ: Any = os.en
 
 
 def vanished_blame(rank: int) -> Blame:
-    return Blame(rank, "failed", "its process ended without a word (killed by a signal?)")
+    return Blame(rank, "failed", "its process ended without a word (killed by a signal, or os._exit?)")
 
 
 class Check(abc.ABC):
@@ -111,13 +115,21 @@ class PeerPosts(Check):
                 if blame.rank == dog.board.rank:
                     return dog.own_verdict(blame, entry)
                 return dog.verdict(blame, None)
-            dog.finished = dog.finished or entry.as_blame()
+            if dog.finished is None:
+                dog.finished, dog.finished_seq = entry.as_blame(), entry.seq
+            elif entry.seq is not None and dog.finished_seq is not None:
+                dog.finished_seq = min(dog.finished_seq, entry.seq)  # the peer that issued the fewest collectives
         return None
 
 
 class VanishedNeighbour(Check):
+    # How long a vanished neighbour's agent gets to post how it ended ("killed by SIGKILL on host H", exits.py)
+    # before this rank blames it with what it can see itself. PeerPosts reads that post first when it comes.
+    AGENT_WAIT_S = 1.5
+
     def __init__(self) -> None:
         self.neighbours: dict[int, int] | None = None  # same-host peers: rank -> pid
+        self.seen_gone: float | None = None
 
     def look(self, dog: "Watchdog") -> Verdict | None:
         if self.neighbours is None:
@@ -125,12 +137,25 @@ class VanishedNeighbour(Check):
             if self.neighbours is None:
                 return None
         gone = dog.board.vanished(self.neighbours)
-        return dog.verdict(vanished_blame(gone), None) if gone is not None else None
+        if gone is None:
+            return None
+        if self.seen_gone is None:
+            self.seen_gone = dog.now
+        if dog.now - self.seen_gone < self.AGENT_WAIT_S:
+            return None
+        return dog.verdict(vanished_blame(gone), None)
 
 
 class FinishedWhileBlocked(Check):
     def look(self, dog: "Watchdog") -> Verdict | None:
-        if dog.finished is None or dog.blocked is None or dog.blocked_for() < dog.grace:
+        if dog.finished is None or dog.blocked is None:
+            return None
+        grace = dog.grace
+        mine = dog.sequence()
+        if mine is not None and dog.finished_seq is not None and dog.finished_seq >= mine:
+            # The peer had issued this collective before it finished: it completes, however late on a busy CPU.
+            grace = max(grace, dog.stall_warning or STALL_WARNING_S)
+        if dog.blocked_for() < grace:
             return None
         return dog.verdict(dog.finished, dog.blocked)
 
@@ -148,8 +173,11 @@ class Publisher(Check):
 
 
 class StackAnswers(Check):
+    NEWEST = 8  # requests looked at per round, at most
+
     def __init__(self) -> None:
-        self.answered: int | None = None
+        self.answered: int | None = None  # requests up to this number are settled
+        self.done: set[int] = set()  # requests answered among the newest
 
     def look(self, dog: "Watchdog") -> None:
         try:
@@ -159,17 +187,23 @@ class StackAnswers(Check):
         if self.answered is None:
             self.answered = newest  # requests from before this rank joined are not for it
             return None
-        if newest <= self.answered:
-            return None
-        for number in range(self.answered + 1, newest + 1):
-            kind = dog.board.request_kind(number)
+        # Only the newest few, and only sealed ones: the counter is a plain store counter, and one add of 10**9 by
+        # anyone who reaches the store must not keep this thread busy (nor a forged request make it answer). A
+        # request whose record is not there yet is looked at again next round, while it is among the newest.
+        window = range(max(self.answered + 1, newest - self.NEWEST + 1), newest + 1)
+        self.done &= set(window)
+        for number in window:
+            kind = None if number in self.done else dog.board.request_kind(number)
+            if kind is None:
+                continue
+            self.done.add(number)
             text = format_stacks(all_threads=kind == "all")
             dog.board.answer(number, text)
             if kind == "all":  # kill -USR1 / ringtrain stacks: every rank prints its own, prefixed
                 print("\n".join(f"[rank {dog.board.rank}] {line}" for line in
                                 [f"ringtrain: stacks of rank {dog.board.rank} (pid {os.getpid()}):", *text.splitlines()]),
                       file=sys.stderr, flush=True)
-        self.answered = newest
+        self.answered = max(self.answered, newest - self.NEWEST)
         return None
 
 
@@ -200,7 +234,9 @@ class StallInspector(Check):
         number = dog.board.request_stacks() if others else 0
         stacks = dog.board.answers(number, others, 2.0) if number else {}
         views = dog.board.whereabouts()  # fresher, now that the others answered
-        states = dog.states_of([r for r in others if r not in stacks])
+        silent = [r for r in others if r not in stacks]
+        states = dog.states_of(silent)
+        stacks.update(dog.stacks_from_outside([r for r in silent if states.get(r) not in ("gone",)]))
         next_in = dog.stall_warning * 2 ** self.reports
         report = stall.stall_report(dog.board.rank, dog.board.world_size, views, stacks, states, next_in,
                                     hellos=dog.board.hellos_so_far())
@@ -243,7 +279,8 @@ class Watchdog(threading.Thread):
     def __init__(self, board: Board, activity: Activity | None = None, *, backward_syncs: bool,
                  error_file: str | None, interval: float = POLL_S, grace: float = GRACE_S,
                  stall_warning: float | None = STALL_WARNING_S, stop: Callable[[str, dict[str, Any]], None] | None = None,
-                 checks: list[Check] | None = None, note: str | None = None):
+                 checks: list[Check] | None = None, note: str | None = None,
+                 sequence: Callable[[], int | None] = engine_sequence):
         super().__init__(name="ringtrain-watchdog", daemon=True)
         # What the main thread reports (its owner writes it: a ring, hvd.init); a plain script has nobody
         # writing one, and is read from its stack alone.
@@ -254,12 +291,15 @@ class Watchdog(threading.Thread):
         self.error_file = error_file
         self.interval, self.grace, self.stall_warning = interval, grace, stall_warning
         self.checks = default_checks() if checks is None else checks
+        self.sequence = sequence  # collectives issued on the default group (activity.engine_sequence; tests: their own)
         self._stop_process = stop or self._end_process
         self._halt = threading.Event()
         self.finished: Blame | None = None  # a peer that left cleanly
+        self.finished_seq: int | None = None  # ... and how many collectives it had issued then
         self.blocked: str | None = None  # the collective the main thread is in, this round
-        self._blocked_since: float | None = None  # monotonic
+        self._blocked_since: float | None = None  # monotonic: since when blocked with no progress
         self._blocked_wall: float | None = None
+        self._progress: tuple | None = None
         self.now = 0.0
         self._host, self._hostname = procs.host_identity(), socket.gethostname()
 
@@ -277,15 +317,23 @@ class Watchdog(threading.Thread):
         """One round: every check in order; (message, error-file info) when this rank must stop."""
         self.now = time.monotonic()
         self.blocked = blocked_in(self.activity, self.backward_syncs)
+        progress = self.progress()
+        moved, self._progress = progress != self._progress, progress
         if self.blocked is None:
             self._blocked_since = self._blocked_wall = None
-        elif self._blocked_since is None:
+        elif self._blocked_since is None or moved:  # the stall clock counts from the last progress, not a sample
             self._blocked_since, self._blocked_wall = self.now, time.time()
         for check in self.checks:
             verdict = check.look(self)
             if verdict is not None:
                 return verdict
         return None
+
+    def progress(self) -> tuple:
+        """What moves while the rank works: its step, the ring's collectives, the engine's collective count, its
+        loader's steps and its phase. A rank blocked in a collective whose progress stands still is stalled."""
+        a = self.activity
+        return a.step, a.calls, a.times.steps, a.phase, a.phase_since, self.sequence()
 
     def blocked_for(self) -> float:
         return 0.0 if self._blocked_since is None else self.now - self._blocked_since
@@ -296,6 +344,13 @@ class Watchdog(threading.Thread):
             step=self.activity.step, epoch=self.activity.epoch, phase=self.activity.phase,
             phase_since=self.activity.phase_since, waiting=self.blocked, waiting_since=self._blocked_wall,
             seq=self.activity.calls, site=user_site(), times=self.activity.times.summary())
+
+    def stacks_from_outside(self, ranks: list[int]) -> dict[int, str]:
+        """The stacks of ``ranks`` on this host that did not answer, taken with a signal (dump.py): where they are
+        now, even holding the GIL in native code."""
+        hellos = self.board.hellos()
+        taken = {r: dump.take(hellos[r]["pid"]) for r in ranks if r in hellos and hellos[r].get("host") == self._host}
+        return {r: f"(taken from outside: it did not answer)\n{text}" for r, text in taken.items() if text}
 
     def states_of(self, ranks: list[int]) -> dict[int, str]:
         """The process state of ``ranks`` that live on this host (stopped, running...), from /proc."""

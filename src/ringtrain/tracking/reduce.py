@@ -1,4 +1,5 @@
-"""The one collective of a ``ring.log`` call: every rank's values, and its step times, in one matrix.
+"""The collectives of a ``ring.log`` call: a check that every rank logs the same names (a fixed-size row each), then
+every rank's values, and its step times, in one matrix.
 
 Each rank fills its own row of a ``world_size x (1 + n + 4)`` float64 matrix — a fingerprint of the
 metric names, its ``n`` values, and its step counters since the previous call (steps, ms waiting for
@@ -56,9 +57,34 @@ def values_of(values: Mapping[str, Any]) -> tuple[list[str], list[Any]]:
     return names, out
 
 
+def agree(names: list[str], *, rank: int, world_size: int, device: torch.device,
+          all_reduce: Callable[[torch.Tensor], torch.Tensor],
+          gather_object: Callable[[Any], list[Any]]) -> None:
+    """Every rank logs the same names, checked before the matrix (whose width is the number of values) is
+    reduced: ranks with different counts would hand the engine differently sized buffers (Gloo aborts the
+    process, "Received data size doesn't match"). A fixed-size row each (the names' fingerprint and count);
+    only when they differ are the names themselves gathered, to say which metric which rank logs."""
+    if world_size == 1:
+        return
+    marks = torch.zeros(world_size, 2, dtype=torch.float64, device=device)
+    marks[rank] = torch.tensor([fingerprint(names), float(len(names))], dtype=torch.float64, device=device)
+    marks = all_reduce(marks).cpu()
+    if bool((marks != marks[0]).any()):
+        every = gather_object(names)
+        theirs = [(r, n) for r, n in enumerate(every) if n != every[0]]
+        only = sorted(set().union(*map(set, every)) - set(every[0]).intersection(*map(set, every[1:])))
+        raise RingtrainError(
+            "ring.log was called with other metric names on rank(s) "
+            f"{[r for r, _ in theirs]} than on rank 0 ({', '.join(every[0])} on rank 0; "
+            + "; ".join(f"{', '.join(n) or 'nothing'} on rank {r}" for r, n in theirs) + ")"
+            + (f": {', '.join(only)} not logged by every rank" if only else ""),
+            "call ring.log with the same names, in the same order, on every rank (log 0.0, or a value every "
+            "rank has, for a metric that only some ranks compute).")
+
+
 def gather(names: list[str], values: list[Any], times: list[float], *, rank: int, world_size: int,
            device: torch.device, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """Every rank's row, on every rank (on the CPU): the one collective of the call."""
+    """Every rank's row, on every rank (on the CPU): the collective of the call (after ``agree``)."""
     width = 1 + len(values) + len(TIMES)
     row = torch.stack([v.to(device=device, dtype=torch.float64) if isinstance(v, torch.Tensor)
                        else torch.tensor(float(v), dtype=torch.float64, device=device)

@@ -1,6 +1,6 @@
 """``RunLog``: one log for the whole job — what ``ring.log`` calls, and the run folder it writes.
 
-Every rank takes part in the call's one collective (reduce.py); only the main process writes. The
+Every rank takes part in the call's two small collectives (reduce.py: the names, then the values); only the main process writes. The
 folder and its files are made at the first ``ring.log``: a script that never logs leaves nothing behind.
 
 The folder (``Ring(log_dir=...)``; by default ``CHECKPOINT_DIR-log`` beside a ``checkpoint_dir``, so a
@@ -62,7 +62,7 @@ class RunLog:
             self._open()
 
     def log(self, values: Mapping[str, Any], step: int, reduce: str | None, strategy: Any) -> dict[str, float]:
-        """Reduce ``values`` over the ranks (one collective), write them on the main process, return them."""
+        """Reduce ``values`` over the ranks (a names check, then one matrix), write them on the main process, return them."""
         reducing.check_reduce(reduce)
         names, raw = reducing.values_of(values)
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
@@ -72,6 +72,8 @@ class RunLog:
         now = [float(times.steps), times.total["data"], times.total["sync"], times.total["step"]]
         interval = [a - b for a, b in zip(now, self._times)]
         self._times = now
+        reducing.agree(names, rank=strategy.rank, world_size=strategy.world_size, device=strategy.device,
+                       all_reduce=lambda m: strategy.all_reduce(m, "sum"), gather_object=strategy.gather_object)
         matrix = reducing.gather(names, raw, interval, rank=strategy.rank, world_size=strategy.world_size,
                                  device=strategy.device, all_reduce=lambda m: strategy.all_reduce(m, "sum"))
         result = reducing.reduced(names, matrix, reduce)
