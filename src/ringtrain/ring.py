@@ -15,11 +15,12 @@ import torch
 from torch import nn
 
 from . import strategies, tracking
-from .checkpoint.resume import Resumer, move_optimizer_state
+from .checkpoint.resume import Resumer
+from .checkpoint.state_files import move_optimizer_state
 from .errors import RingtrainError
 from .liveness.stall import per_rank_stats
 from .liveness.watchdog import collective_checks_of
-from .loop import loops, precision as precisions
+from .loop import loops, precision as precisions, preempt as preempts
 from .loop.data import RingLoader, make_loader
 from .loop.held import Held
 from .loop.optim import NonFiniteGuard, NoSyncWindow, RingScheduler, ScalerSteps, replace_parameters, wrap_optimizer
@@ -43,7 +44,9 @@ class Ring:
     group and every collective). How: ``accumulate``, ``precision`` (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``),
     ``sync_batchnorm``, ``seed``, ``deterministic``, ``cudnn_benchmark``. Safety: ``checkpoint_dir`` + ``save_every``
     + ``keep_last`` + ``resume`` (periodic saves in a folder one job holds; a restarted job resumes in ``setup`` when
-    its configuration is the same: ``"auto"``, or ``"force"``, ``"never"``), ``nonfinite`` (``"raise"``, ``"skip"``,
+    its configuration is the same: ``"auto"``, or ``"force"``, ``"never"``); with a folder, SIGTERM (and ``preempt_signal``)
+    saves the step the job is at and exits 75 (``preempt_grace``: seconds before SIGKILL; ``requeue``: Slurm's);
+    ``nonfinite`` (``"raise"``, ``"skip"``,
     ``"ignore"``), ``debug_collectives`` (every collective checked across ranks first), ``stall_warning`` (seconds in
     one collective before the job's stall report names who has not arrived and where: 60, or
     ``RINGTRAIN_STALL_WARNING``; None: never); ``timeline`` (a folder, or ``RINGTRAIN_TIMELINE``: one Chrome trace of
@@ -79,6 +82,9 @@ class Ring:
         timeline: str | None = None,
         log_dir: str | None = None,
         log_with: Iterable[str] = (),
+        preempt_signal: Any = None,
+        preempt_grace: float | None = None,
+        requeue: bool = False,
         **deprecated: Any,  # stages=, microbatches=, schedule=, split_at=, compression= (see strategies.resolve)
     ):
         env = environments.with_explicit(environments.detect(), world_size, rank)
@@ -97,6 +103,7 @@ class Ring:
         self.nonfinite = NonFiniteGuard(nonfinite, self.strategy)
         self.strategy.configure(accumulate=accumulate, nonfinite=nonfinite, sync_batchnorm=sync_batchnorm)
         checkpoints = Resumer.checkpoint_dir(checkpoint_dir, save_every, keep_last, resume)
+        preemption = preempts.of(checkpoint_dir, preempt_signal, preempt_grace, requeue)
         self._log = tracking.RunLog(log_dir, log_with, checkpoint_dir, self.activity)
         timeline = timelines.ring_target(timeline)
         self.strategy.setup_environment()
@@ -117,6 +124,8 @@ class Ring:
         self.step_state.on_new_window(self._scaler_steps.update)
         self._last_loss: torch.Tensor | None = None
         self.resumer = Resumer(self.strategy, self.held, checkpoints, resume)  # takes the folder
+        if preemption is not None and preemption.install():  # from here on, SIGTERM is answered at a safe point
+            self.held.preemption = preemption
 
     # --- who and where ---------------------------------------------------------
     rank = property(lambda self: self.strategy.rank)
@@ -321,7 +330,7 @@ class Ring:
 
     def log(self, values: dict[str, Any], step: int | None = None, reduce: str | None = "mean") -> dict[str, float]:
         """Log ``values`` (numbers, one-element tensors) for the whole job: reduced over the ranks (``"mean"``, ``"sum"``,
-        ``"max"``, ``"min"``; None: rank 0's) in one collective, written once by the main process to the run folder at
+        ``"max"``, ``"min"``; None: rank 0's) in one matrix (names checked first), written once by the main process to the run folder at
         ``step`` (default: the optimizer step, which a resumed log continues from); returns them. See tracking/."""
         return self._log.log(values, self.optimizer_steps if step is None else step, reduce, self.strategy)
 
@@ -351,6 +360,7 @@ class Ring:
         self.resumer.safe_point()
         self.resumer.flush(agree=False)
         self.resumer.release()
+        preempts.stop(self.held)
         self._log.close()
         timelines.close(self._timeline)
         self.strategy.teardown()
@@ -361,6 +371,7 @@ class Ring:
         if error is None:  # a loop left with break right after a due step: its checkpoint is still written
             self.resumer.safe_point()
             self.resumer.flush()
+        preempts.stop(self.held, settle=error is None)
         self._log.close()
         timelines.close(self._timeline)
         self.resumer.release(unless_saving=True)  # an asynchronous save still writing keeps the folder

@@ -34,7 +34,7 @@ def _fault(mode: str, stage: str) -> None:
     if mode == "raise-slow-exit":
         import atexit
 
-        atexit.register(time.sleep, 3.0)
+        atexit.register(lambda: (time.sleep(3.0), print("SLOW EXIT DONE", flush=True)))
     if mode in ("raise", "raise-slow-exit"):
         raise ValueError(f"rank one fails on purpose ({stage})")
     if mode == "exit3":
@@ -81,7 +81,10 @@ def ring_job(mode: str, strategy: str = "ddp") -> str:
 
     import ringtrain as rt
 
-    ring = rt.Ring(strategy=strategy, nonfinite="raise", seed=0)
+    # FAILFAST_CHECKPOINT_DIR: a ring that answers SIGTERM with a checkpoint (preemption) must fail as fast
+    folder = os.environ.get("FAILFAST_CHECKPOINT_DIR")
+    ring = rt.Ring(strategy=strategy, nonfinite="raise", seed=0,
+                   checkpoint_dir=os.path.join(folder, str(os.getpid())) if folder else None)
     if ring.rank == 1 and mode == "before-setup":
         _fault("raise", "before ring.setup")
     model = torch.nn.Linear(8, 2)

@@ -7,7 +7,11 @@ rank r taking ``i = r*k .. r*k+k-1``, so one process with ``accumulate=k*W`` see
 ``ring.backward`` calls then one ``optimizer.step()``, random numbers drawn right after the step, and an
 evaluation on random batches (the global RNG) every ``EVAL`` steps, before the step's first batch — what must
 come out identical after a restart. ``save_every=5``. ``--kill-at N``: rank 1 SIGKILLs itself at its N-th
-``ring.backward`` of the first attempt. Writes OUT/params.pt (rank 0) and OUT/evals.rank{r}.json.
+``ring.backward`` of the first attempt. ``--preempt-at N --preempt-how launcher|rank1|self``: at its N-th
+``ring.backward`` of a first run (no checkpoint yet), rank 1 sends ``--preempt-signal`` (SIGTERM) to its
+launcher (which passes it to every worker), to itself only (the ranks agree), or a one-process run to itself,
+and writes the time to OUT/signalled. ``--save-every``: 5 by default. Writes OUT/params.pt (rank 0) and
+OUT/evals.rank{r}.json.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import argparse
 import json
 import os
 import signal
+import time
 
 import torch
 import torch.nn.functional as F
@@ -59,21 +64,37 @@ def main() -> None:
     parser.add_argument("--strategy", default="auto")
     parser.add_argument("--kill-at", type=int, default=0)
     parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--save-every", type=int, default=5)
+    parser.add_argument("--preempt-at", type=int, default=0)
+    parser.add_argument("--preempt-how", choices=["launcher", "rank1", "self"], default="launcher")
+    parser.add_argument("--preempt-signal", default="SIGTERM")
     args = parser.parse_args()
-    ring = rt.Ring(args.strategy, seed=0, checkpoint_dir=os.path.join(args.out, "ckpt"), save_every=5)
+    ring = rt.Ring(args.strategy, seed=0, checkpoint_dir=os.path.join(args.out, "ckpt"), save_every=args.save_every)
     ring.accumulate = K * (2 // ring.world_size)  # one process takes both ranks' micro-batches
     torch.manual_seed(0)
     model = TinyLM()
     model, optimizer = ring.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
     backwards, evals = 0, []
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    first_run = ring.optimizer_steps == 0  # nothing resumed
     for step in ring.steps(args.steps):
         if step % EVAL == 0:
             evals.append((step, evaluate(ring.unwrap(model) if ring.world_size == 1 else model)))
         for i in range(ring.accumulate):
             backwards += 1
             if args.kill_at and backwards == args.kill_at and ring.rank == 1 and first_attempt:
+                listed = os.path.join(args.out, "ckpt", "manifest.json")  # what a restart can resume from
+                with open(os.path.join(args.out, "at_kill.json"), "w") as f:
+                    f.write(open(listed).read() if os.path.exists(listed) else "null")
                 os.kill(os.getpid(), signal.SIGKILL)
+            if args.preempt_at and backwards == args.preempt_at and first_run and ring.rank == ring.world_size - 1:
+                with open(os.path.join(args.out, "signalled"), "w") as f:
+                    f.write(f"{time.time()} {step}")
+                target = os.getppid() if args.preempt_how == "launcher" else os.getpid()
+                os.kill(target, getattr(signal, args.preempt_signal))
+                waited = time.monotonic()  # until the launcher's forward reaches this rank (a few steps' time)
+                while ring.held.preemption.requested is None and time.monotonic() - waited < 30:
+                    time.sleep(0.01)
             x, y = get_batch(step, ring.rank * ring.accumulate + i)
             ring.backward(F.cross_entropy(model(x), y))
         optimizer.step()

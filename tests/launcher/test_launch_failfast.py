@@ -97,3 +97,16 @@ def test_torchrun_s_own_root_cause_is_the_rank_that_failed_even_when_it_exits_la
     assert root.group(1) == "1", outcome.output[-6000:]
     assert "rank one fails on purpose" in outcome.output.split("Root Cause")[-1], outcome.output[-6000:]
     assert outcome.seconds is not None and outcome.seconds < BOUND_S, outcome.output[-6000:]
+
+
+@pytest.mark.timeout(200)
+def test_a_ring_that_answers_sigterm_with_a_checkpoint_is_still_stopped_at_once(tmp_path, monkeypatch):
+    # A ring with a checkpoint_dir takes SIGTERM as a preemption (loop/preempt.py). Rank 1 raises and its exit
+    # takes 3 s; rank 0 fails first and torchrun's agent SIGTERMs rank 1 — which has posted how it leaves, so the
+    # signal ends it at once, as without a checkpoint_dir: its slow exit handler never finishes.
+    monkeypatch.setenv("FAILFAST_CHECKPOINT_DIR", str(tmp_path))
+    outcome = runner.run("ringtrain-run", "ring", "raise-slow-exit")
+    shown = f"--- exit {outcome.returncode}, {outcome.seconds} s\n{outcome.output[-6000:]}"
+    assert outcome.returncode == 1 and _says_rank1_and_reason("ringtrain-run", "raise", outcome.output), shown
+    assert "SLOW EXIT DONE" not in outcome.output, shown
+    assert "ringtrain: got SIGTERM" not in outcome.output, shown  # not taken for a preemption

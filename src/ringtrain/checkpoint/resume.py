@@ -10,57 +10,45 @@ The state machine, top to bottom:
    them now if ``resume=`` allows it (resume_policy.py; a restarted job resumes here);
 2. ``add_loader(made)`` — a loader made after a load gets its saved position (the first training
    loader also gives the global batch, checked against the checkpoint's);
-3. ``autosave()`` — the Ring calls it when ``Step.save_due`` says a periodic save is due, at a
-   point it chooses (before the next batch is handed out, or when the epochs end);
-   ``flush()`` waits for an asynchronous one still being written;
-4. ``save(path, **state)`` / ``load(path, **targets)`` — the user's own checkpoints.
-
-A ring checkpoint holds the user's objects plus what continuing exactly needs: every
-rank's RNG state, the loaders' positions, the epoch, the step counters and the fp16
-scaler. Two forms (state.py): one ``torch.save`` file gathered on rank 0 (checkpoint.py: atomic
-writes, safe loading, the folder's manifest), or a sharded folder every rank writes its part of
-(sharded.py) — the default of strategies whose state is sharded (FSDP), asynchronous in a
-``checkpoint_dir``. Either form loads into any strategy at any world size.
+3. ``safe_point()`` — the loop is between two steps (the top of ``ring.steps``/``ring.epochs``, a ring
+   loader's next batch, ``ring.close``): a resumed run's RNG is put back, a due periodic save is written
+   (``autosave``; ``flush()`` waits for an asynchronous one still being written), a preemption agreed on
+   by the ranks is answered with a checkpoint and exit 75 (loop/preempt.py);
+4. ``save(path, **state)`` / ``load(path, **targets)`` — the user's own checkpoints (state_files.py).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+import signal
+import time
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import RingtrainError, one_line
-from ..loop.data import RingLoader, move_to_device
+from ..errors import RingtrainError
+from ..liveness.records import PREEMPTED
+from ..loop.data import RingLoader
 from ..loop.held import Held
+from ..loop.preempt import EXIT_CODE, Preempted, mark, requeue
 from . import files, fingerprint, lock as folder_lock, policy as resume_policy, rng, sharded, state
 from .folder import CheckpointDir
-from .model import is_plain_state_dict
-from .read import read_sharded
+from .state_files import StateFiles, resume_loader
 
 
-class Resumer:
-    """Checkpoints of one ring: what to save, when asked, and how to continue from one."""
+class Resumer(StateFiles):
+    """Checkpoints of one ring: when to save, where, and how to continue from one (saving and loading a path
+    itself: state_files.py)."""
 
     def __init__(self, strategy: Any, held: Held, checkpoints: CheckpointDir | None = None, resume: str = "auto"):
-        self.strategy = strategy
-        self.held = held  # what the ring's loop holds (its step state, loaders, the epoch...): read, never written
-        self.step = held.step
-        self.scaler = held.scaler
-        self.loaders = held.loaders  # the ring's own list: loaders it makes later appear here too
-        self.activity = strategy.activity  # what the main thread reports: "checkpoint" while saving or loading
+        super().__init__(strategy, held)
         self.checkpoints = checkpoints
-        self.resume_epoch: int | None = None  # where ring.epochs continues after a load
-        self._targets: dict[str, Any] = {}  # what the periodic save writes
-        self._loader_states: list[dict[str, Any]] = []  # saved positions, by loader index
-        self._async: sharded.AsyncSave | None = None
         self.resume = resume
-        self._fingerprint: dict[str, Any] = {"entries": {}}  # this run's configuration (fingerprint.py)
         self._resumed: dict[str, Any] | None = None  # the fingerprint of the checkpoint resumed from, until checked
         self._resumed_from = ""
         self._lock: folder_lock.FolderLock | None = None
-        self._pending_rng: dict[str, Any] | None = None  # a loaded checkpoint's random state, for the next safe point
+        self._said_grace = False
         self._said_late = False
         self._claim()
 
@@ -75,15 +63,6 @@ class Resumer:
                 "save_every is a positive number of optimizer steps and needs checkpoint_dir=... to save into.",
             )
         return CheckpointDir(folder, keep_last) if folder else None
-
-    @property
-    def is_main(self) -> bool:
-        return self.strategy.rank == 0
-
-    def say(self, line: str) -> None:
-        """A line for the user, from the main process."""
-        if self.is_main:
-            print(line, flush=True)
 
     # --- 1, 2: what the ring set up ------------------------------------------------------
     def _claim(self) -> None:
@@ -119,18 +98,26 @@ class Resumer:
             return
         self._targets.update(targets)
         self._fingerprint["entries"].update(self._describe(targets))
-        try:
-            latest, said, self._resumed = self._agree(lambda: self._choose(list(targets)))
-        except RingtrainError:
-            self.release()  # refused: the folder is not this run's to hold
-            raise
-        for line in said:
-            self.say(line)
-        if latest is None:
-            return
-        self._resumed_from = latest
-        self.load(latest, **targets)
+        while True:
+            try:
+                latest, said, self._resumed = self._agree(lambda: self._choose(list(targets)))
+            except RingtrainError:
+                self.release()  # refused: the folder is not this run's to hold
+                raise
+            for line in said:
+                self.say(line)
+            if latest is None:
+                return
+            self._resumed_from = latest
+            try:
+                self.load(latest, **targets)
+            except files.DamagedCheckpoint as e:  # it read as whole on disk, but not its contents: the one before
+                why, damaged = e.message, latest
+                self.say(self._agree(lambda: self.checkpoints.set_aside(damaged, why)))  # type: ignore[union-attr]
+                continue
+            break
         self.say(f"ringtrain: resumed from {latest} (epoch {self.resume_epoch}, step {self.step.optimizer_steps})")
+        self._say_if_slower_than_grace(self._agree(lambda: self.checkpoints.seconds_of(latest)))  # type: ignore[union-attr]
 
     def _describe(self, targets: dict[str, Any]) -> dict[str, Any]:
         """Fingerprints of the models (every rank's parameters united: a pipeline stage holds only its own)
@@ -148,24 +135,22 @@ class Resumer:
     def _choose(self, names: list[str]) -> tuple[str | None, list[str], dict[str, Any] | None]:
         """Main process: the checkpoint to resume from (or None), what to say, by ``resume=``, and its fingerprint."""
         latest = self.checkpoints.latest_readable()  # type: ignore[union-attr]
+        notes, self.checkpoints.notes = self.checkpoints.notes, []  # type: ignore[union-attr]
         if latest is None:
-            return None, [], None
+            return None, notes, None
         saved = fingerprint.saved_in(latest)
         if saved is None:
-            return latest, [], None  # written before checkpoints held their configuration: nothing to compare
+            return latest, notes, None  # written before checkpoints held their configuration: nothing to compare
         changed = fingerprint.differences(saved, self._run_fingerprint(), names)
-        return latest, (resume_policy.world_size_note(latest, saved, self.strategy.world_size)
+        return latest, notes + (resume_policy.world_size_note(latest, saved, self.strategy.world_size)
                         + resume_policy.judge(self.resume, self.checkpoints.folder, latest, changed)), saved  # type: ignore[union-attr]
-
-    def _run_fingerprint(self) -> dict[str, Any]:
-        return {**self._fingerprint, "world_size": self.strategy.world_size, "global_batch": self.held.global_batch}
 
     def add_loader(self, made: RingLoader) -> None:
         if self._resumed is not None and self.held.global_batch is not None:  # the first training loader
             self._check_batch(self._resumed)
         index = self.loaders.index(made)
         if index < len(self._loader_states):
-            _resume_loader(made, self._loader_states[index])
+            resume_loader(made, self._loader_states[index])
 
     def _check_batch(self, saved: dict[str, Any]) -> None:
         """The global batch, known once the first training loader is made, against the checkpoint's (every rank)."""
@@ -197,6 +182,11 @@ class Resumer:
         if self._pending_rng is not None:
             rng.restore_rng(self._pending_rng)
             self._pending_rng = None
+        preemption = self.held.preemption
+        # Every rank asks at every safe point but a late one (the agreement is a collective); it acts between
+        # windows only, so the checkpoint holds no half-accumulated step.
+        if preemption is not None and not late and preemption.due(self.strategy.world_size) and self.step.micro == 0:
+            self._preempted(preemption)
         if not self.step.save_due:
             return
         if late and not self._said_late:
@@ -212,18 +202,45 @@ class Resumer:
             self.held.nonfinite.check(force=True)  # never save the state a NaN step produced
         self.autosave()
 
+    def _preempted(self, preemption: Any) -> None:
+        """Every rank, at the same step: that step's checkpoint on disk (unless it is there already), then exit."""
+        started = time.monotonic()
+        number = self.step.optimizer_steps
+        path = self.checkpoints.path_for(number, folder=self.strategy.shards_state)  # type: ignore[union-attr]
+        if self.checkpoints.latest() != path:  # type: ignore[union-attr]
+            if self.held.nonfinite is not None:
+                self.held.nonfinite.check(force=True)  # never save the state a NaN step produced
+            self.autosave(seconds_from=started)
+        self.flush()
+        took = time.monotonic() - started
+        name = signal.Signals(preemption.requested).name if preemption.requested else "a peer's signal"
+        said = (f"ringtrain: preempted ({name}) at step {number}: checkpoint {path} written in {took:.1f} s; exit "
+                f"{EXIT_CODE}: run the same command to resume from it")
+        self.say(said)
+        mark(self.strategy.rank, number)  # for this node's ringtrain run, which exits 75 when its workers did
+        membership = getattr(getattr(self.strategy, "group", None), "membership", None)
+        if membership is not None:
+            membership.finish(f"{PREEMPTED}{number}")
+        if self.is_main and preemption.requeue:
+            self.say(requeue())
+        raise Preempted(said)
+
     # --- 3: periodic saves ----------------------------------------------------------------
-    def autosave(self) -> None:
-        """Write the periodic checkpoint that is due: sharded and asynchronous where the strategy shards."""
+    def autosave(self, seconds_from: float | None = None) -> None:
+        """Write the periodic checkpoint that is due: sharded and asynchronous where the strategy shards.
+        The manifest records how long it took (``seconds_from``: when the save began), which a preemption's
+        grace is compared with."""
         self.step.saved()
         self.activity.enter("checkpoint")
+        started = time.monotonic() if seconds_from is None else seconds_from
         number = self.step.optimizer_steps
         folders = self.strategy.shards_state
         path = self.checkpoints.path_for(number, folder=folders)  # type: ignore[union-attr]
         if not folders:
             self.save(path, full=True, **self._targets)  # ring.extras go in too (save adds them)
-            epoch = self.held.epoch
-            self._agree(lambda: self.checkpoints.commit(path, step=number, epoch=epoch))  # type: ignore[union-attr]
+            epoch, took = self.held.epoch, round(time.monotonic() - started, 3)
+            self._agree(lambda: self.checkpoints.commit(path, step=number, epoch=epoch, seconds=took))  # type: ignore[union-attr]
+            self._say_if_slower_than_grace(took)
             return
         self.flush()  # one save in flight at a time: the next waits for the previous
         tensors, skeleton, kinds, meta = self._sharded_parts(self._with_extras(self._targets))
@@ -233,240 +250,21 @@ class Resumer:
         def done() -> None:  # in the writer thread, once every rank's shards are on disk
             if self.is_main:
                 sharded.finish(staging, path, skeleton, kinds, meta)
-                folder.commit(path, step=number, epoch=epoch)  # type: ignore[union-attr]
+                took = round(time.monotonic() - started, 3)
+                folder.commit(path, step=number, epoch=epoch, seconds=took)  # type: ignore[union-attr]
 
         if self._async is None:
             self._async = sharded.AsyncSave(self.strategy.checkpoint_group(), self.activity)
-        self._async.start(staging, tensors, done)
+        self._async.start(staging, tensors, done, clean_up=self.is_main)
 
-    @property
-    def saving(self) -> bool:
-        """Is an asynchronous checkpoint being written right now (on this rank)?"""
-        return self._async is not None and self._async.in_flight
-
-    def flush(self, agree: bool = True) -> None:
-        """Wait for an asynchronous save still being written; a failure raises on every rank (``agree``: the
-        ranks compare outcomes, a collective), or only where it happened (``ring.close``: no collective)."""
-        if self._async is None:
+    def _say_if_slower_than_grace(self, took: float | None) -> None:
+        """Once: a checkpoint that takes longer than a preemption leaves would be cut short by the SIGKILL."""
+        preemption = self.held.preemption
+        if preemption is None or took is None or took <= preemption.grace or self._said_grace:
             return
-        error = self._async.wait()
-        message = None if error is None else one_line(error)
-        if not agree:
-            if message is not None:
-                raise RingtrainError(f"the asynchronous checkpoint failed: {message}",
-                                     "check the checkpoint folder's space and permissions; the previous checkpoint "
-                                     "is still the newest listed one.")
-            return
-        failures = self.strategy.gather_object(message)
-        first = next(((r, m) for r, m in enumerate(failures) if m is not None), None)
-        if first is not None:
-            raise RingtrainError(f"rank {first[0]}: the asynchronous checkpoint failed: {first[1]}",
-                                 "check the checkpoint folder's space and permissions; the previous checkpoint is "
-                                 "still the newest listed one.")
-
-    # --- 4: the user's checkpoints ------------------------------------------------------
-    def save(self, path: str, full: bool | None = None, **state_: Any) -> None:
-        """Write ``state_`` to ``path``; every rank returns when it is on disk.
-
-        ``full``: one ``torch.save`` file gathered on rank 0 (True), or a sharded folder every rank
-        writes its part of (False); None: the strategy's form (sharded for FSDP, a file otherwise).
-        """
-        if files.META_KEY in state_:
-            raise RingtrainError(f"ring.save got the reserved key {files.META_KEY!r}", "rename that entry.")
-        self.activity.enter("checkpoint")
-        self.flush()
-        state_ = self._with_extras(state_)
-        if full is None:
-            full = not self.strategy.shards_state
-        if not full:
-            self._save_sharded(path, state_)
-            return
-        meta = self._meta()
-        # On every rank, in the same order: sharded and split models are gathered collectively.
-        payload = {name: self._full_state_of(v) for name, v in state_.items()}
-        payload[files.META_KEY] = meta
-
-        def write() -> None:
-            if os.path.isdir(path) and not os.path.islink(path):
-                raise RingtrainError(f"cannot save the checkpoint file {path!r}: a folder is there",
-                                     "save to another path, or remove the folder (a sharded checkpoint) first.")
-            files.atomic_save(files.to_cpu(payload), path)
-
-        self._agree(write)
-
-    def _sharded_parts(self, state_: dict[str, Any]) -> tuple[dict[str, torch.Tensor], Any, dict[str, str], dict]:
-        """This rank's tensors, and (on every rank) the folder's skeleton — every rank's merged —, kinds and meta."""
-        tree, kinds = self._local_tree(state_)
-        meta = self._meta()
-        tensors, skeleton = sharded.split(tree)
-        return tensors, sharded.merge(self.strategy.gather_object(skeleton)), kinds, meta
-
-    def _save_sharded(self, path: str, state_: dict[str, Any]) -> None:
-        tensors, skeleton, kinds, meta = self._sharded_parts(state_)
-        staging = self._agree(lambda: sharded.staging_folder(path))
-        try:
-            sharded.write_shards(staging, tensors)
-        except Exception as e:
-            raise RingtrainError(f"saving the sharded checkpoint {path!r} failed: {one_line(e)}",
-                                 "check the folder's space and permissions; every rank must see the same folder "
-                                 "(a shared file system across nodes).") from e
-        self._agree(lambda: sharded.finish(staging, path, skeleton, kinds, meta))
-
-    def _agree(self, action: Callable[[], Any]) -> Any:
-        """Run ``action`` on rank 0 and give its result to every rank; a failure raises on every rank,
-        instead of leaving the others waiting."""
-        result, failure = None, None
-        if self.is_main:
-            try:
-                result = action()
-            except RingtrainError as e:
-                failure = str(e)
-            except Exception as e:  # disk full, permissions, unpicklable extra...
-                failure = f"{one_line(e)}\nHINT: check the folder's space and permissions."
-        result, failure = self.strategy.broadcast_object((result, failure))
-        if failure is not None:
-            message, _, hint = failure.partition("\nHINT: ")
-            raise RingtrainError(f"rank 0: {message}", hint or "see the message above.")
-        return result
-
-    def _with_extras(self, state_: dict[str, Any]) -> dict[str, Any]:
-        """``state_`` and ``ring.extras`` (the script's own values: ``best_val_loss``, ``model_args``...); an entry
-        given to ``ring.save`` wins over an extra of the same name."""
-        extras = self.held.extras
-        if files.META_KEY in extras:
-            raise RingtrainError(f"ring.extras holds the reserved key {files.META_KEY!r}", "rename that entry.")
-        taken = sorted(k for k in extras if k in self._targets)
-        if taken:
-            raise RingtrainError(f"ring.extras has entries named like what the ring saves: {taken}",
-                                 f"rename them: {sorted(self._targets)} are the models, optimizers and schedulers.")
-        return {**extras, **state_}
-
-    def _meta(self) -> dict[str, Any]:
-        """What continuing exactly needs (collective: every rank's RNG state is gathered)."""
-        return {
-            "extras": sorted(self.held.extras),
-            "format": files.FORMAT,
-            "world_size": self.strategy.world_size,
-            "rng": self.strategy.gather_object(rng.capture_rng()),
-            "loaders": [made.state() for made in self.loaders],
-            "epoch": self.held.epoch,
-            "optimizer_steps": self.step.optimizer_steps,
-            "step": self.step.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "comm": self.strategy.comm_state(),
-            "fingerprint": self._run_fingerprint(),
-        }
-
-    def _names(self, optimizer: torch.optim.Optimizer) -> tuple[dict[str, nn.Parameter], dict[int, str]]:
-        module = self.held.module_of(optimizer)
-        params = self.strategy.named_parameters(module) if module is not None else {}
-        return params, state.parameter_names(params)
-
-    def _full_state_of(self, value: Any) -> Any:
-        if isinstance(value, nn.Module):
-            return self.strategy.module_state(value)
-        if isinstance(value, torch.optim.Optimizer):
-            return self.strategy.optimizer_state(value, self.held.module_of(value))
-        return files.state_of(value)
-
-    def _local_tree(self, state_: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-        """What this rank holds of each entry (shards stay shards), and each entry's kind."""
-        tree, kinds = {}, {}
-        for name, value in state_.items():
-            if isinstance(value, nn.Module):
-                tree[name], kinds[name] = self.strategy.local_state(value), "module"
-            elif isinstance(value, torch.optim.Optimizer):
-                _, names = self._names(value)
-                tree[name], kinds[name] = state.named_optimizer(value, names), "optimizer"
-            else:  # rank 0's value, kept whole in ringtrain.pt (as in a full file)
-                kinds[name] = "value"
-                tree[name] = sharded.Whole(files.to_cpu(files.state_of(value)))
-        return tree, kinds
-
-    def load(self, path: str, **targets: Any) -> dict[str, Any]:
-        """Load ``path`` (on every rank) into ``targets``; return the other entries, on the ring's device."""
-        self.activity.enter("checkpoint")
-        self.flush()
-        folder = sharded.is_sharded_checkpoint(path)
-        if folder:
-            ckpt, meta = self._read_sharded(path, targets)
-        else:
-            ckpt = files.read(path)  # to the CPU; load_state_dict copies to the parameters' device
-            meta = ckpt.get(files.META_KEY)
-            modules = [name for name, t in targets.items() if isinstance(t, nn.Module)]
-            if meta is None and is_plain_state_dict(ckpt) and len(modules) == 1:
-                ckpt = {modules[0]: ckpt}
-        for name, target in targets.items():
-            if name not in ckpt:
-                raise RingtrainError(
-                    f"the checkpoint {path!r} has no entry {name!r}; it has {sorted(k for k in ckpt if k != files.META_KEY)}",
-                    "use the keyword the checkpoint was saved with, e.g. ring.load(path, model=model).",
-                )
-            if isinstance(target, nn.Module):
-                if folder:  # read as this rank's layout holds it
-                    self.strategy.load_local_state(target, ckpt[name])
-                else:
-                    self.strategy.load_module_state(target, ckpt[name], path)
-            elif isinstance(target, torch.optim.Optimizer):
-                if folder:
-                    params, names = self._names(target)
-                    state.load_named_optimizer(target, ckpt[name], names, params)
-                else:
-                    self.strategy.load_optimizer_state(target, ckpt[name], self.held.module_of(target))
-                move_optimizer_state(target, self.strategy.device)
-            elif hasattr(target, "load_state_dict"):
-                target.load_state_dict(ckpt[name])
-            else:
-                raise RingtrainError(
-                    f"ring.load got {name}={type(target).__name__}, which has no load_state_dict",
-                    "pass only objects to load into; plain values come back in the returned dict.",
-                )
-        if isinstance(meta, dict):
-            self._restore_meta(meta)
-            extras = [k for k in meta.get("extras") or [] if k in ckpt and k not in targets]
-            if extras or self.held.extras:  # a resumed run finds the checkpoint's values in ring.extras
-                self.held.extras.clear()
-                self.held.extras.update({k: ckpt[k] for k in extras})
-        return {k: move_to_device(v, self.strategy.device) for k, v in ckpt.items() if k not in targets and k != files.META_KEY}
-
-    def _read_sharded(self, path: str, targets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """A sharded folder, each rank reading the pieces its own layout holds."""
-        params = {name: self._names(t)[0] for name, t in targets.items() if isinstance(t, torch.optim.Optimizer)}
-        return read_sharded(self.strategy, path, targets, params)
-
-    def _restore_meta(self, meta: dict[str, Any]) -> None:
-        # RNG streams are per rank: restored only when the world has the same size, at the loop's next safe point.
-        if meta.get("world_size") == self.strategy.world_size and meta.get("rng"):
-            self._pending_rng = meta["rng"][self.strategy.rank]
-        self.step.load_state_dict(meta.get("step") or {"optimizer_steps": meta.get("optimizer_steps", 0)})
-        if meta.get("scaler") and self.scaler.is_enabled():
-            self.scaler.load_state_dict(meta["scaler"])
-        self.strategy.load_comm_state(meta.get("comm"))
-        self._loader_states = list(meta.get("loaders") or [])
-        for made, saved in zip(self.loaders, self._loader_states):
-            _resume_loader(made, saved)
-        training = [s for s in self._loader_states if not s.get("exact")]
-        nexts = [s["epoch"] + 1 if s["finished"] else s["epoch"] for s in training]
-        saved_epoch = meta.get("epoch")
-        if nexts:
-            self.resume_epoch = min(nexts)
-        elif saved_epoch is not None:
-            self.resume_epoch = saved_epoch + 1
-
-
-def _resume_loader(made: RingLoader, saved: dict[str, Any]) -> None:
-    if saved["finished"]:
-        made.resume(saved["epoch"] + 1, 0)
-        return
-    now = getattr(made.sampler, "num_replicas", 1)
-    resharded = saved.get("replicas", now) != now
-    made.resume(saved["epoch"], saved["batches"], saved.get("position") if resharded else None)
-
-
-def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Optimizer state tensors to ``device``; the step counters stay where they are (CPU).
-    Sharded state (DTensors) already sits where its parameter's shard is, and stays."""
-    for param_state in optimizer.state.values():
-        for key, value in param_state.items():
-            if isinstance(value, torch.Tensor) and key != "step" and not state.is_sharded(value):
-                param_state[key] = value.to(device)
+        self._said_grace = True
+        self.say(f"ringtrain: warning: the last checkpoint took {took:.1f} s to write, longer than the {preemption.grace:g} s "
+                 "a preemption leaves before SIGKILL (Ring(preempt_grace=...)): a preempted job would lose its last "
+                 "steps.\nHINT: give the job a longer grace (Slurm: --signal=USR1@<seconds> with "
+                 "Ring(preempt_signal='SIGUSR1'); Kubernetes: terminationGracePeriodSeconds), or save less (sharded "
+                 "under FSDP, fewer extras).")

@@ -9,12 +9,16 @@ before torch loads.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
 
+from ..liveness.records import PREEMPTED_EXIT
+from ..loop import preempt
 from . import torchrun_flags
 from .plan import Plan
-from .ports import TORCHRUN_DEFAULT_PORT
+from .ports import TORCHRUN_DEFAULT_PORT, is_loopback
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 
@@ -89,7 +93,7 @@ def execute(plan: Plan) -> int:
     from ..liveness.seal import SECRET_ENV, job_secret  # what the job needs, loaded once it starts (fast --help)
 
     # The board's seal (seal.py): the workers inherit the job's secret through the environment only.
-    secret, unsealed = job_secret(multi_node=plan.max_nodes > 1)
+    secret, unsealed = job_secret(multi_node=plan.max_nodes > 1, loopback=is_loopback(plan.master_addr))
     if unsealed:
         print(unsealed, file=sys.stderr, flush=True)
     previous = os.environ.get(SECRET_ENV)
@@ -100,6 +104,32 @@ def execute(plan: Plan) -> int:
     finally:
         if previous is None:
             os.environ.pop(SECRET_ENV, None)
+
+
+def _say_when_signalled(marks: str):
+    """Before torchrun's agent passes a signal it got on to the workers, write ``preempt.SIGNALLED`` into
+    ``marks``: its workers then know a SIGTERM is a preemption to answer with a checkpoint, not one of the
+    agent's own stops (a failure, a restart, a node joining), which end them at once. torchrun's handler is
+    ``torch.distributed.elastic.multiprocessing.api._terminate_process_handler``, registered by name at every
+    start of the workers; it is wrapped here (and put back by the function returned). A torch without it:
+    nothing is wrapped, and workers under ringtrain run take a SIGTERM for a stop."""
+    from torch.distributed.elastic.multiprocessing import api  # torch once a job starts (fast --help)
+
+    original = getattr(api, "_terminate_process_handler", None)
+    if original is None:
+        return lambda: None
+
+    def signalled(signum, frame):
+        with open(os.path.join(marks, preempt.SIGNALLED), "w") as f:
+            f.write(str(signum))
+        original(signum, frame)  # raises torchrun's SignalException: it passes the signal on and waits
+
+    api._terminate_process_handler = signalled
+
+    def restore() -> None:
+        api._terminate_process_handler = original
+
+    return restore
 
 
 def _execute(plan: Plan) -> int:
@@ -113,8 +143,8 @@ def _execute(plan: Plan) -> int:
     # ...and ringtrain's side of the job, which needs torch's store and agent
     from ..liveness.board import job_board
     from ..liveness.failures import stop_leftover_groups
-    from . import exits, rendezvous, waiting
-    from .ports import host_store, is_loopback, keep_gloo_on_loopback
+    from . import exits, rendezvous, report, waiting
+    from .ports import host_store, keep_gloo_on_loopback
     from .report import first_cause, format_child_failure, remove_native_dumps, run_summary
     from .stacks import StackRequests
 
@@ -157,10 +187,19 @@ def _execute(plan: Plan) -> int:
     # kill -USR1 on this process (ringtrain stacks): every rank prints its stack (stacks.py).
     requests = StackRequests((plan.master_addr, port), store)
     requests.install()
+    # Where this node's workers say they saved a preemption checkpoint and left (loop/preempt.py): read once they
+    # are gone, here, whatever became of the job's store.
+    marks = tempfile.mkdtemp(prefix="ringtrain-preempted-")
+    os.environ[preempt.MARKS_ENV] = marks
+    restore_handler = _say_when_signalled(marks)
     try:
         # run(), not main(): main's @record would print torchelastic's own failure summary.
         torchrun.run(args)
     except ChildFailedError as e:
+        said = report.preempted(preempt.marked(marks), e.failures)
+        if said:  # every worker saved and exited 75 (loop/preempt.py): not a failure
+            print(said, file=sys.stderr, flush=True)
+            return PREEMPTED_EXIT
         # A worker killed by a signal had no say: what it started may live on (failures.py).
         stop_leftover_groups(failure.pid for failure in e.failures.values())
         # ...nor could it tell the ranks on other machines: this agent does (exits.py).
@@ -177,6 +216,11 @@ def _execute(plan: Plan) -> int:
             exits.hold_store(board, set(e.failures))
         return 1
     except SignalException as e:
+        # torchelastic passed the signal on and waited (--shutdown-timeout) for the workers to leave.
+        said = report.preempted(preempt.marked(marks), signame=e.sigval.name)
+        if said:
+            print(said, file=sys.stderr, flush=True)
+            return PREEMPTED_EXIT
         print(f"ringtrain run: stopped by {e.sigval.name}; all workers on this node were stopped.", file=sys.stderr)
         return 128 + int(e.sigval)
     except (DistError, RendezvousError) as e:
@@ -186,6 +230,9 @@ def _execute(plan: Plan) -> int:
             seconds=time.monotonic() - started) from e
     finally:
         requests.uninstall()
+        restore_handler()
+        shutil.rmtree(marks, ignore_errors=True)
+        os.environ.pop(preempt.MARKS_ENV, None)
         remove_native_dumps()
         if plan.timeline is not None:
             from ..tracking.timeline import merge_after_job  # only a --timeline job needs it

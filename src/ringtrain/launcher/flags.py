@@ -138,6 +138,14 @@ def build_parser(manual: str) -> argparse.ArgumentParser:
         Flag(both("--timeout"), "timeout", {
             "type": int, "default": None, "metavar": "SECONDS",
             "help": f"how long nodes wait for each other to join the rendezvous. Default: {DEFAULT_TIMEOUT}."}),
+        Flag(both("--preempt-signal"), "preempt_signal", {
+            "metavar": "SIG", "help": "a signal that preempts the job besides SIGTERM (SIGUSR1 for Slurm's "
+            "--signal=USR1@90): every ring with a checkpoint_dir saves the step it is at and the job exits 75 (see "
+            "\"Preemption\" below). With SIGUSR1, the stack request (ringtrain stacks) is SIGUSR2."}),
+        Flag(both("--preempt-grace"), "preempt_grace", {
+            "type": float, "metavar": "SECONDS", "help": "the seconds the scheduler leaves between its signal and "
+            "SIGKILL: the workers' rings warn when a checkpoint takes longer, and torchrun's agent waits this long "
+            "for them (--shutdown-timeout). Default: 30."}),
         Flag(both("--timeline"), "timeline", {
             "metavar": "DIR", "help": "record every rank's steps (data, forward, backward, each gradient bucket's "
             "all-reduce, optimizer, checkpoint, collectives) into DIR/timeline.json (Perfetto / chrome://tracing) and "

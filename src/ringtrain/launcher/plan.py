@@ -7,7 +7,10 @@ plans each node's command line here too (hosts.py) before any node starts.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import signal
+import sys
 from dataclasses import dataclass, field
 
 from ..errors import RingtrainError
@@ -51,6 +54,7 @@ class Plan:
     torchrun: dict = field(default_factory=dict)  # torchrun's flags passed to its agent as given (torchrun_flags.py)
     environment: dict = field(default_factory=dict)  # variables for the workers from horovodrun's flags
     verbose: bool = False  # horovodrun's --verbose: say what is started
+    preempt_signal: str | None = None  # --preempt-signal: a second signal (beside SIGTERM) that preempts the job
 
 
 def _parse_gpus(text: str) -> list[int]:
@@ -153,6 +157,43 @@ def _script_rendezvous(ns: argparse.Namespace, tcp: tuple[str, int] | None, elas
     return port
 
 
+def _horovod_alias_needed(source: str, ns: argparse.Namespace, interpreter: bool) -> bool:
+    """horovodrun's own command line (``-np 2 -H localhost:2 python train.py``: its flags, or the interpreter
+    before the script) on a script that imports Horovod where none is installed runs on ringtrain's Horovod, as
+    ``--horovod`` asks; said once. A torchrun-style line keeps the script as it is."""
+    horovodrun_line = interpreter or any(getattr(ns, name, None) is not None for name in ("np", "hosts", "hostfile"))
+    if not horovodrun_line or not source or not scripts.imports_horovod(source) or scripts.horovod_installed():
+        return False
+    print("ringtrain run: the script imports horovod, which is not installed here: it runs on ringtrain's Horovod "
+          "API (as with --horovod).", file=sys.stderr, flush=True)
+    return True
+
+
+def _preemption(ns: argparse.Namespace, torchrun: dict, environment: dict) -> str | None:
+    """``--preempt-signal SIG`` and ``--preempt-grace SECONDS`` (loop/preempt.py): the workers' rings take them
+    (RINGTRAIN_PREEMPT_SIGNAL, RINGTRAIN_PREEMPT_GRACE), torchrun's agent passes the signal on to them
+    (``--signals-to-handle``) and waits the grace for them to save (``--shutdown-timeout``), unless those
+    flags are given. Returns the signal's name."""
+    from ..loop import preempt  # no torch: argument errors stay fast
+
+    name = None
+    given = getattr(ns, "preempt_signal", None)
+    if given is not None:
+        name = signal.Signals(preempt.signal_of(given, "--preempt-signal")).name
+        environment[preempt.SIGNAL_ENV] = name
+        if name != "SIGTERM":
+            handled = torchrun.get("signals_to_handle") or "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+            if name not in [s.strip() for s in handled.split(",")]:
+                torchrun["signals_to_handle"] = f"{handled},{name}"
+    grace = getattr(ns, "preempt_grace", None)
+    if grace is not None:
+        grace = preempt.check_grace(grace, "--preempt-grace")
+        environment[preempt.GRACE_ENV] = f"{grace:g}"
+        if torchrun.get("shutdown_timeout") is None:
+            torchrun["shutdown_timeout"] = math.ceil(grace)
+    return name
+
+
 def plan_from_args(ns: argparse.Namespace) -> Plan:
     """Validate the command line. Raises RingtrainError (exit code 2) before anything starts."""
     ns = torchrun_flags.apply(horovod_flags.apply(ns))  # the tools' flags in ringtrain's terms
@@ -179,10 +220,12 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
     no_python = getattr(ns, "no_python", False)
     if no_python:
         ns.script = scripts.check_program(ns.script, ns.module)
-        source = ""
+        source, interpreter = "", False
     else:
         # horovodrun's command form: `-np 2 python train.py` (or `python -m pkg.mod`).
+        given = ns.script
         ns.script, ns.script_args, ns.module = scripts.strip_interpreter(ns.script, list(ns.script_args), ns.module)
+        interpreter = ns.script != given
         if ns.module:
             source_file = scripts.module_file(ns.script)
         else:
@@ -197,6 +240,8 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
         folder, name = check_target(timeline, "--timeline")
         timeline = os.path.join(folder, f"{name}.json") if timeline.endswith(".json") else folder
     environment = horovod_flags.environment(ns)[0]
+    torchrun = torchrun_flags.passthrough_values(ns)
+    preempt_signal = _preemption(ns, torchrun, environment)
     return Plan(
         nproc=nproc,
         nnodes=ns.nnodes,
@@ -213,13 +258,14 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
         target=ns.script,
         target_args=list(ns.script_args),
         local_rank_arg=spelling,
-        horovod=getattr(ns, "horovod", False),
+        horovod=getattr(ns, "horovod", False) or _horovod_alias_needed(source, ns, interpreter),
         timeline=timeline,
         rdzv_backend=ns.rdzv_backend,
         rdzv_id=getattr(ns, "rdzv_id", None),
         rdzv_conf=ns.rdzv_conf,
         no_python=no_python,
-        torchrun=torchrun_flags.passthrough_values(ns),
+        torchrun=torchrun,
         environment=environment,
         verbose=bool(getattr(ns, "verbose", False)),
+        preempt_signal=preempt_signal,
     )

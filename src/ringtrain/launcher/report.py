@@ -21,7 +21,7 @@ from typing import Any
 from ..liveness import failures as _failures
 from ..liveness.activity import is_user_file
 from ..liveness.procs import exists as process_exists
-from ..liveness.records import Blame, Post
+from ..liveness.records import PREEMPTED_EXIT, Blame, Post
 from ..liveness.stall import mismatch, per_rank_summary
 from .worker import native_dump_path
 
@@ -160,6 +160,19 @@ def native_crash(rank: int) -> tuple[str | None, str] | None:
     if chosen is None:
         return None
     return user_site(chosen), chosen.strip()
+
+
+def preempted(marks: dict[int, int], failures: dict[int, Any] | None = None, signame: str | None = None) -> str | None:
+    """The line a preempted job ends with (loop/preempt.py), or None when it was not one. ``marks``: the ranks of
+    this node that saved their preemption checkpoint and left (``preempt.marked``); ``failures``: torchelastic's
+    exits of this node's workers, when it knows them — each must be 75."""
+    if not marks or (failures and any(f.exitcode != PREEMPTED_EXIT for f in failures.values())):
+        return None
+    how = f" by {signame}" if signame else ""
+    steps = set(marks.values())
+    at = f" at step {steps.pop()}" if len(steps) == 1 else ""
+    return (f"ringtrain run: preempted{how}{at}: every rank saved its checkpoint; exit {PREEMPTED_EXIT}.\n"
+            "HINT: run the same command again: it resumes from that checkpoint.")
 
 
 def run_summary(board: Any) -> str | None:

@@ -100,6 +100,16 @@ abbreviation of several flags, such as ``--nproc``, is refused), so a tutorial's
   ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ``PET_RDZV_ENDPOINT``, ...: what
   Kubeflow's PyTorchJob sets), so ``ringtrain run train.py`` takes torchrun's place there too.
 
+Preemption
+----------
+
+SIGTERM to ``ringtrain run`` (a scheduler taking the machines back) is passed to every worker; a ring
+with a ``checkpoint_dir`` saves the step it is at and exits 75, and ``ringtrain run`` then exits 75
+(EX_TEMPFAIL) with ``preempted ... at step N``: run the same command again to resume there.
+``--preempt-signal USR1`` adds a signal sent ahead of the end (Slurm's ``--signal=USR1@90``; the stack
+request moves to SIGUSR2); ``--preempt-grace SECONDS`` is the time left before SIGKILL (rings warn when a
+checkpoint takes longer; the agent waits this long for the workers). See README.md, "Preemption".
+
 Horovod scripts
 ---------------
 

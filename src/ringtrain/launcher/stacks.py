@@ -12,7 +12,9 @@ in native code holding the GIL) is named with its process state, and if it runs 
 is sent SIGUSR1 itself: Python's faulthandler prints its threads' stacks from a signal handler.
 
 A worker's pid works too (a script under plain torchrun): SIGUSR1 makes it print its own stacks
-(faulthandler, registered by ``ringtrain run``'s workers and by every ``rt.Ring``).
+(faulthandler, registered by ``ringtrain run``'s workers and by every ``rt.Ring``). A job started with
+``--preempt-signal USR1`` takes SIGUSR1 as its preemption: its stack request is SIGUSR2, which this command
+sends to such a launcher.
 
 Exit status: 0 the signal was sent; 1 no such process, or not one ``ringtrain run`` found; 2 a usage error.
 """
@@ -26,7 +28,7 @@ import threading
 from typing import Any
 
 from ..errors import HintingParser
-from ..liveness import board as boards, procs
+from ..liveness import board as boards, dump, procs
 
 ANSWER_S = 3.0
 
@@ -62,6 +64,21 @@ def launchers() -> list[int]:
     return sorted(found)
 
 
+def preempt_signal_of(pid: int) -> str | None:
+    """The ``--preempt-signal`` a ``ringtrain run`` process was started with (its stack request is then SIGUSR2)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return None
+    for i, arg in enumerate(argv):
+        if arg in ("--preempt-signal", "--preempt_signal") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(("--preempt-signal=", "--preempt_signal=")):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -79,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         pid = found[0]
     try:
-        os.kill(pid, signal.SIGUSR1)
+        os.kill(pid, dump.stack_signal(preempt_signal_of(pid) or ""))
     except ProcessLookupError:
         print(f"ringtrain stacks: no process {pid}\nHINT: `pgrep -f 'ringtrain run'` lists the launchers.",
               file=sys.stderr)
@@ -92,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class StackRequests:
-    """``ringtrain run``'s SIGUSR1: ask every rank of the running job for its stacks, through the store.
+    """``ringtrain run``'s SIGUSR1 (SIGUSR2 under ``--preempt-signal USR1``): ask every rank of the running job for its stacks, through the store.
 
     The handler only notes the request (a signal handler must not block); a thread does the asking,
     waits for the answers and names (and signals) the ranks that do not answer.
@@ -101,14 +118,15 @@ class StackRequests:
     def __init__(self, master: tuple[str, int], store: Any = None):
         self.master, self.store = master, store
         self._previous: Any = None
+        self.signum = dump.stack_signal()  # SIGUSR2 where SIGUSR1 preempts the job (--preempt-signal USR1)
 
     def install(self) -> None:
         if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGUSR1, self._handle)
+            self._previous = signal.signal(self.signum, self._handle)
 
     def uninstall(self) -> None:
         if self._previous is not None:
-            signal.signal(signal.SIGUSR1, self._previous)
+            signal.signal(self.signum, self._previous)
 
     def _handle(self, signum: int, frame: Any) -> None:
         threading.Thread(target=self.ask, name="ringtrain-stacks", daemon=True).start()
@@ -131,7 +149,7 @@ class StackRequests:
                 print(f"ringtrain run: stacks: rank {rank} did not answer ({where}: {state}); Python's faulthandler "
                       "prints its threads' stacks below, from a signal handler.", file=sys.stderr, flush=True)
                 try:
-                    os.kill(hello["pid"], signal.SIGUSR1)
+                    os.kill(hello["pid"], self.signum)
                 except OSError:
                     pass
             else:

@@ -160,10 +160,12 @@ def _check_values(ns: argparse.Namespace) -> None:
                                  f"e.g. --{dest} 3 (stdout and stderr of every worker) or --{dest} 0:3 (local rank 0's); "
                                  "the files go under --log-dir.")
     signals = getattr(ns, "signals_to_handle", None)
-    if signals is not None and "SIGUSR1" in [s.strip() for s in signals.split(",")]:
+    preempt_usr1 = str(getattr(ns, "preempt_signal", None) or "").strip().upper() in ("USR1", "SIGUSR1", "10")
+    if signals is not None and "SIGUSR1" in [s.strip() for s in signals.split(",")] and not preempt_usr1:
         raise RingtrainError("--signals-to-handle lists SIGUSR1, which ringtrain run answers itself: every rank "
                              "prints its stack (ringtrain stacks)",
-                             "leave SIGUSR1 out; to stop a job on a signal (SLURM's preemption), use SIGTERM.")
+                             "leave SIGUSR1 out; to preempt the job on SIGUSR1 (Slurm's --signal=USR1@90), give "
+                             "--preempt-signal USR1 (the stack request moves to SIGUSR2).")
 
 
 def apply(ns: argparse.Namespace) -> argparse.Namespace:

@@ -111,8 +111,11 @@ def die_with_parent(parent_pid: int) -> None:
 def answer_sigusr1() -> None:
     """``kill -USR1 <worker>``: print this worker's stacks (every thread), go on. faulthandler's handler
     works even while the main thread is blocked in native code (a collective)."""
-    if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
-        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)  # a handler the script sets wins
+    from ringtrain.liveness import dump  # liveness: no torch (see the module's docstring)
+
+    stacks = dump.stack_signal()  # SIGUSR2 under --preempt-signal USR1
+    if hasattr(signal, "SIGUSR1") and signal.getsignal(stacks) == signal.SIG_DFL:
+        faulthandler.register(stacks, all_threads=True, chain=False)  # a handler the script sets wins
 
 
 def observe_plain_script(poll_s: float = 1.0) -> None:

@@ -37,10 +37,10 @@ import traceback
 from typing import Any, Iterator
 
 from ..errors import one_line
-from . import failures, procs, stall
+from . import dump, failures, procs, stall
 from .activity import Activity
 from .board import Board
-from .records import Blame, Post
+from .records import PREEMPTED, PREEMPTED_EXIT, Blame, Post
 from .watchdog import GRACE_S, POLL_S, STALL_WARNING_S, Watchdog, default_checks, vanished_blame  # noqa: F401
 
 __all__ = [
@@ -85,17 +85,20 @@ class Membership:
                                  stall_warning=stall_warning, note=note,
                                  checks=None if stopping else default_checks(stopping=False)) if watch else None
         self._previous_hook: Any = None
+        self._armed: dump.Armed | None = None
         self._left = False
 
     def start(self) -> None:
         global _ACTIVE
         self.board.hello()
-        if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+        stacks = dump.stack_signal()
+        if hasattr(signal, "SIGUSR1") and signal.getsignal(stacks) == signal.SIG_DFL:
             # kill -USR1 <this rank>: its stacks, even while blocked in a collective (plain torchrun too).
-            # Only where nobody handles SIGUSR1 (Slurm's --signal=USR1 requeue handlers keep theirs).
+            # Only where nobody handles it (Slurm's --signal=USR1 requeue handlers keep theirs).
             with contextlib.suppress(RuntimeError, ValueError):
-                faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+                faulthandler.register(stacks, all_threads=True, chain=False)
         if self.watchdog is not None:
+            self._armed = dump.Armed()  # a stall report on this host can take this rank's stack from outside
             self.watchdog.start()
         self._previous_hook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -147,6 +150,8 @@ class Membership:
         self._left = True
         if self.watchdog is not None:
             self.watchdog.halt()
+        if self._armed is not None:
+            self._armed.close()
         if sys.excepthook == self._excepthook:
             sys.excepthook = self._previous_hook or sys.__excepthook__
         if _ACTIVE is self:
@@ -162,6 +167,12 @@ _LAST: Membership | None = None  # the membership this process had most recently
 def has_joined() -> bool:
     """Has this process been a member of a process group's board (a ring's, hvd.init's)?"""
     return _ACTIVE is not None or _LAST is not None
+
+
+def has_left() -> bool:
+    """Has this process posted how it leaves (failed, finished, preempted) and stopped watching? A SIGTERM then is
+    torchrun's agent stopping it (loop/preempt.py lets it end the process at once)."""
+    return _ACTIVE is None and _LAST is not None
 
 
 def post_failure(board: Board, reason: str, error: BaseException | None = None) -> Post:
@@ -287,7 +298,9 @@ def leave_process(status: int, reason: str, master: tuple[str, int], rank: int, 
     member = _ACTIVE or _LAST
     if member is not None:
         posted = member.board.posted
-        if status and not (posted and posted.state == "failed"):
+        preempted = status == PREEMPTED_EXIT and posted and posted.state == "finished" and \
+            posted.reason.startswith(PREEMPTED)
+        if status and not preempted and not (posted and posted.state == "failed"):
             return member.fail(reason, error)  # e.g. ring.close() and then sys.exit(3)
         return member.finish(reason)  # finish() keeps a post the excepthook already made
     if world_size < 2:

@@ -14,6 +14,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+# A rank preempted (a scheduler's signal, answered with a checkpoint: loop/preempt.py) exits with this status,
+# EX_TEMPFAIL (sysexits.h): a temporary failure — run the same command again to resume. Its post says
+# "finished", reason "preempted at step N"; ringtrain run exits with it when every rank did.
+PREEMPTED_EXIT = 75
+PREEMPTED = "preempted at step "
+
 
 @dataclass(frozen=True)
 class Blame:
@@ -55,6 +61,7 @@ class Post:
     cause: str = "own"
     blame: Blame | None = None
     during: str | None = None
+    seq: int | None = None  # collectives it had issued on the default group when it posted (activity.engine_sequence)
 
     def as_blame(self) -> Blame:
         """Who to blame for this post: the rank it blames, else itself."""
@@ -71,7 +78,8 @@ class Post:
         return cls(rank=int(data.get("rank", -1)), state=str(data.get("state", "left")),
                    reason=str(data.get("reason", "")), time=float(data.get("time", float("inf"))),
                    pid=int(data.get("pid") or 0), cause=str(data.get("cause", "own")),
-                   blame=Blame.from_dict(data.get("blame")), during=data.get("during"))
+                   blame=Blame.from_dict(data.get("blame")), during=data.get("during"),
+                   seq=int(data["seq"]) if isinstance(data.get("seq"), int) else None)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "Post":

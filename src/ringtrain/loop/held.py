@@ -27,6 +27,7 @@ class Held:
     epoch: int | None = None  # the epoch ``ring.epochs`` is in, or None outside it
     nonfinite: Any = None  # the ring's NonFiniteGuard: a checkpoint never saves what a NaN step produced
     extras: dict[str, Any] = field(default_factory=dict)  # the script's own values every checkpoint carries
+    preemption: Any = None  # loop/preempt.Preemption: a ring with a checkpoint_dir answers SIGTERM with one
     _module_of: dict[int, nn.Module] = field(default_factory=dict)  # id(optimizer) -> the model it was set up with
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
