@@ -1,7 +1,8 @@
-"""No finding on correct scripts: every file of examples/, and reference scripts written in
-the shapes people copy (PyTorch's DDP tutorial series, the ImageNet example, Horovod's
-recipe, accumulation with no_sync, FSDP2 as pytorch/examples shards). Each reference script
-is also broken on purpose, one line at a time, to show the rules do look at it."""
+"""No finding on correct scripts: every file of examples/, the ringtrain versions of the seed
+tutorials (tests/seeds/*_ring.py), and reference scripts written in the shapes people copy
+(PyTorch's DDP tutorial series, the ImageNet example, Horovod's recipe, accumulation with no_sync,
+FSDP2 as pytorch/examples shards). Each reference script, and an example for the rules about
+ringtrain's own API, is also broken on purpose, one line at a time, to show the rules do look at it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ringtrain.doctor import check_source
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = Path(__file__).parent / "reference"
 EXAMPLES = sorted((ROOT / "examples").rglob("*.py"))
+RING_SEEDS = sorted((ROOT / "tests" / "seeds").glob("*_ring.py"))
 
 
 def findings_text(findings) -> str:
@@ -27,6 +29,12 @@ def test_there_are_examples_to_check():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_are_clean(path):
+    findings = check_source(path.read_text(), str(path))
+    assert findings == [], findings_text(findings)
+
+
+@pytest.mark.parametrize("path", RING_SEEDS, ids=lambda p: p.name)
+def test_ringtrain_versions_of_the_seeds_are_clean(path):
     findings = check_source(path.read_text(), str(path))
     assert findings == [], findings_text(findings)
 
@@ -68,10 +76,31 @@ _OPTIMIZER_THEN_SHARD = _OPTIMIZER + _SHARDING + _REST
          "        model_state = self._full_model_state(model) if dist.get_rank() == 0 else None\n",
          "sharded-state-on-one-rank"),
         ("fsdp2_train.py", "        dcp.save(state, checkpoint_id=", "        torch.save(state, ", "save-sharded-every-rank"),
+        ("spawn_imagenet_style.py", "        acc1 = validate(val_loader, model, args)\n",
+         "        acc1 = 0.0\n        if args.rank == 0:\n            acc1 = validate(val_loader, model, args)\n",
+         "eval-on-one-rank-through-ddp"),
     ],
 )
 def test_breaking_a_reference_script_is_noticed(name, correct, broken, rule):
     source = (REFERENCE / name).read_text()
+    assert source.count(correct) == 1, f"{name} no longer contains {correct!r}"
+    findings = check_source(source.replace(correct, broken), name)
+    assert rule in {f.rule for f in findings}, findings_text(findings)
+
+
+@pytest.mark.parametrize(
+    "name, correct, broken, rule",
+    [
+        ("03_accumulate_amp_syncbn.py", "            ring.backward(loss)\n",
+         "            ring.backward(loss / args.accumulate)\n", "loss-divided-with-ring-accumulate"),
+        ("cifar_resnet.py", "        with torch.no_grad():\n            for x, y in test:\n"
+                            "                correct += (model(x).argmax(1) == y).sum()\n",
+         "        if ring.is_main:\n            with torch.no_grad():\n                for x, y in test:\n"
+         "                    correct += (model(x).argmax(1) == y).sum()\n", "eval-on-one-rank-through-ddp"),
+    ],
+)
+def test_breaking_an_example_is_noticed(name, correct, broken, rule):
+    source = (ROOT / "examples" / name).read_text()
     assert source.count(correct) == 1, f"{name} no longer contains {correct!r}"
     findings = check_source(source.replace(correct, broken), name)
     assert rule in {f.rule for f in findings}, findings_text(findings)

@@ -58,3 +58,11 @@ def test_the_batch_size_hint_gives_an_integer():
     path = CASES / "batch-size-float" / "trap_float.py"
     (finding,) = check_source(path.read_text(), str(path))
     assert "(128 // size)" in finding.hint  # not `128 // float(size)`, a float too
+
+
+def test_an_evaluation_that_may_not_be_the_last_thing_says_possible():
+    folder = CASES / "eval-on-one-rank-through-ddp"
+    (periodic,) = check_source((folder / "trap_periodic.py").read_text(), "trap_periodic.py")
+    assert periodic.message.startswith("possible: ") and "once the loop at line 23 ends" in periodic.message
+    (every_epoch,) = check_source((folder / "trap_alias.py").read_text(), "trap_alias.py")
+    assert not every_epoch.message.startswith("possible")  # the last epoch's validation always runs

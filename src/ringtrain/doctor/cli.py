@@ -106,6 +106,18 @@ Each finding is reported at the line to change; ``--list-rules`` prints this lis
                                        each rank trains its own model
     ranks-share-device        warning  at `(rank * k + i) % world_size` used as a device (k >= 2): k devices
                                        per rank folded onto world_size GPUs, so two ranks share one
+    eval-on-one-rank-through-ddp
+                              error    at model(x) reached only under a rank-0 check while model is the
+                                       DistributedDataParallel wrapper (not model.module): DDP's forward
+                                       broadcasts the buffers from rank 0 (every forward with gradients
+                                       on; the first after a training step under no_grad), and the other
+                                       ranks may next reach a collective or the end; an FSDP model's
+                                       forward all-gathers, always a hang
+    loss-divided-with-ring-accumulate
+                              warning  at `loss = loss / k` (or `loss /= k`, `ring.backward(loss / k)`)
+                                       reaching ring.backward in a script whose Ring accumulates
+                                       (accumulate=k, ring.accumulate = k, global_batch=): ring.backward
+                                       divides too, so the gradients are k times too small
 
 What it cannot see
 ------------------

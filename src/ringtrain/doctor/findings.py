@@ -91,4 +91,8 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "a path (the CPU one, say) forms the group and shards the data but never wraps the model"),
     Rule("ranks-share-device", "warning",
          "a device map, (rank * k + i) % world_size, that puts two ranks on one GPU"),
+    Rule("eval-on-one-rank-through-ddp", "error",
+         "a forward of the DDP (or FSDP) model on one rank only: its broadcast or all-gather goes unmatched"),
+    Rule("loss-divided-with-ring-accumulate", "warning",
+         "the loss divided by the accumulation count before ring.backward, which divides it too"),
 )}

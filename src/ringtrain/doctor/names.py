@@ -90,6 +90,8 @@ CONCEPTS: dict[str, tuple[str, ...]] = {
     "random.shuffle": ("random.shuffle", "random.sample"),
     "Subset": ("torch.utils.data.Subset", "torch.utils.data.dataset.Subset",
                "torch.utils.data.SubsetRandomSampler", "torch.utils.data.sampler.SubsetRandomSampler"),
+    # ringtrain's own Ring, for the rules about scripts that use it (rules/ring.py).
+    "Ring": ("ringtrain.Ring", "ringtrain.ring.Ring"),
 }
 
 # torch.distributed collectives every rank of the group must call (send/recv and barrier

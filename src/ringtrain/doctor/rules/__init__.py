@@ -2,7 +2,8 @@
 
 The node decides the reported line (and the lines a ``# ringtrain: ignore[rule]`` comment
 may sit on). Grouped by what they look at: data loading, checkpoints, the model wrap,
-the process group, metrics, Horovod, sharded training (FSDP), random splits, devices.
+the process group, metrics, Horovod, sharded training (FSDP), random splits, devices,
+evaluation on one rank, and scripts that use ringtrain's Ring.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from ..script import Script
-from . import checkpoints, data, devices, horovod, metrics, model, process_group, randomness, sharding, wrapping
+from . import (checkpoints, data, devices, evaluation, horovod, metrics, model, process_group, randomness, ring,
+               sharding, wrapping)
 
 Report = tuple  # (ast node, message, hint)
 Check = Callable[[Script], Iterable[Report]]
@@ -42,4 +44,6 @@ CHECKS: dict[str, Check] = {
     "unseeded-split": randomness.unseeded_split,
     "model-not-wrapped": wrapping.model_not_wrapped,
     "ranks-share-device": devices.ranks_share_device,
+    "eval-on-one-rank-through-ddp": evaluation.eval_on_one_rank_through_ddp,
+    "loss-divided-with-ring-accumulate": ring.loss_divided_with_ring_accumulate,
 }
