@@ -16,7 +16,9 @@ So the rule reports a one-rank forward of a DDP model when gradients are on, or 
 the other ranks after the rank check reaches a collective or the end before a forward of the
 model ("possible" when only the loops' end does and the check asks more than the rank, as in
 ``if step % 100 == 0 and rank == 0:``); and any one-rank forward of an FSDP model. Whether the model
-has buffers is rarely in the file, so the message says "with buffers".
+has buffers is rarely in the file, so the message says "with buffers". ``ring.setup``'s DDP model is
+reported only with gradients on: ringtrain skips the broadcast of a forward under ``no_grad``
+(strategies/ddp.py), so rank 0 may evaluate it alone.
 """
 
 from __future__ import annotations
@@ -115,7 +117,8 @@ class _Models:
                 self.wraps.setdefault(key, ("fsdp", shard.call))
         for target, kind, call in setup_models(script):
             if (key := script.scope_of(target)) is not None:
-                self.wraps.setdefault(key, (kind, call))
+                # ring.setup's DDP skips the buffer broadcast of a forward under no_grad (strategies/ddp.py)
+                self.wraps.setdefault(key, ("ring-ddp" if kind == "ddp" else kind, call))
 
     def kind(self, expr: ast.AST, depth: int = 4) -> tuple[str, ast.AST] | None:
         """("ddp" or "fsdp", the wrap) when ``expr`` names a wrapped model: its binding, or one it is
@@ -451,6 +454,8 @@ def eval_on_one_rank_through_ddp(script: Script) -> Iterator[tuple]:
                    "(Gloo)",
                    _HINT_DDP)
             continue
+        if kind == "ring-ddp":
+            continue  # ringtrain's DDP runs no collective in a forward under no_grad: rank 0 may evaluate alone
         walk = _Walk(models)
         for site, _, other in sites:
             walk.start(site, other)

@@ -1,5 +1,6 @@
-"""ringtrain: ring.setup's model is DDP's wrapper on several processes; the test after training runs
-it on the main process only, while the others go on to ring.save (a collective)."""
+"""ringtrain: ring.setup's model is DDP's wrapper on several processes; the test after training runs it on
+the main process only with gradients on (no torch.no_grad): every such forward broadcasts the buffers, a
+collective the others, gone on to ring.save, never join."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -10,9 +11,8 @@ import ringtrain as rt
 def test(model, loader):
     model.eval()
     correct = 0
-    with torch.no_grad():
-        for x, y in loader:
-            correct += (model(x).argmax(1) == y).sum().item()  # expect: eval-on-one-rank-through-ddp
+    for x, y in loader:
+        correct += (model(x).argmax(1) == y).sum().item()  # expect: eval-on-one-rank-through-ddp
     return correct / len(loader.dataset)
 
 
