@@ -96,8 +96,13 @@ step save-load-step 1 300 "checkpoint holds CPU tensors; resumes on the GPU (RNG
     "$PYTHON" "$REPO/scripts/gpu_check_steps.py" save-load-step "$OUT/work/save-load"
 step fork-launch 1 300 "rt.launch(start_method='fork') ranks use CUDA; the parent never initializes it" \
     "$PYTHON" "$REPO/scripts/gpu_check_steps.py" fork-launch "$(( GPUS >= 2 ? 2 : 1 ))"
-step demo-one-gpu 1 "$STEP_TIMEOUT" "make demo's job (2 processes) on one visible GPU ends with exit 0" \
-    env CUDA_VISIBLE_DEVICES=0 "${RUN[@]}" --nproc-per-node 2 "$EX/digits.py" --epochs 8 --out "$OUT/work/digits"
+# make demo's own command (DEMO_DEVICE=cpu: two processes would share the one GPU, which ringtrain refuses).
+step demo-one-gpu 1 "$STEP_TIMEOUT" "make demo's job (2 processes, --device cpu) on a one-GPU machine ends with exit 0" \
+    env CUDA_VISIBLE_DEVICES=0 "${RUN[@]}" --nproc-per-node 2 "$EX/digits.py" --epochs 8 --out "$OUT/work/digits" \
+    --device cpu
+step digits-gpu 1 "$STEP_TIMEOUT" "the demo's job in one process on cuda:0 (--device auto) ends with exit 0" \
+    env CUDA_VISIBLE_DEVICES=0 "${RUN[@]}" --nproc-per-node 1 "$EX/digits.py" --epochs 8 --out "$OUT/work/digits-gpu" \
+    --device auto
 step ddp-example 2 "$STEP_TIMEOUT" "examples/02_ddp.py on 2 GPUs over NCCL trains and evaluates" \
     "${RUN[@]}" --nproc-per-node 2 "$EX/02_ddp.py" --epochs 2
 step syncbn-nccl 2 "$STEP_TIMEOUT" "examples/03 (SyncBatchNorm, bf16, accumulate 4) on 2 GPUs over NCCL" \

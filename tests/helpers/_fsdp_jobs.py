@@ -251,3 +251,14 @@ def save_into(folder: str) -> str:
         return str(e)
     finally:
         ring.close()
+
+
+def unit_output_dtypes() -> dict:
+    """bf16-mixed: the dtype an inner unit hands on and the one the whole model returns."""
+    ring = rt.Ring(strategy=rt.strategies.FSDP(wrap=[nn.Linear]), precision="bf16-mixed", seed=0)
+    model = ring.setup(nn.Sequential(nn.Linear(10, 16), nn.LayerNorm(16), nn.Linear(16, 3)))
+    seen = {}
+    model[0].register_forward_hook(lambda module, args, out: seen.__setitem__("unit", str(out.dtype)))
+    seen["model"] = str(model(torch.randn(4, 10)).dtype)
+    ring.close()
+    return seen

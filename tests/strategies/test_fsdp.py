@@ -126,6 +126,13 @@ def test_bf16_mixed_precision_stays_close(two_ranks):
     assert 0 < max_diff(got["model"], ref["model"]) <= 1e-2
 
 
+def test_bf16_mixed_hands_bf16_between_units_and_float32_out_of_the_model():
+    # Every unit returned float32 (output_dtype on each), so a LayerNorm of the root's bf16 weights got a float32
+    # input: CUDA refuses it ("expected scalar type Float but found BFloat16"; examples/fsdp.py on an H200).
+    for seen in launch(jobs.unit_output_dtypes):
+        assert seen == {"unit": "torch.bfloat16", "model": "torch.float32"}, seen
+
+
 def test_each_rank_holds_a_shard(two_ranks):
     total = sum(p.numel() for p in jobs.make_model().parameters())
     assert two_ranks["sgd"]["local_numel"] == shard_numel(2) < total

@@ -154,14 +154,22 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
                 "precision='16-mixed' with strategy='fsdp': fp16 loss scaling over sharded gradients is not supported",
                 "use precision='bf16-mixed' (no loss scaling needed) or '32' with FSDP, or fp16 with strategy='ddp'.",
             )
-        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32)
-              if dtype is torch.bfloat16 else MixedPrecisionPolicy())
+        # bf16 parameters in compute and between units; fp32 gradient reduction, and fp32 out of the whole model
+        # only: an inner unit that cast its output back would hand the next one's bf16 weights a float32 input,
+        # which CUDA's kernels (LayerNorm: "expected scalar type Float but found BFloat16") refuse.
+        inner, outer = ((MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+                         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                              output_dtype=torch.float32))
+                        if dtype is torch.bfloat16 else (MixedPrecisionPolicy(), MixedPrecisionPolicy()))
         offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if self.offload == "cpu" else OffloadPolicy()
         meta = materialize.on_meta(module)
         if meta and init:
             materialize.check(module)
             rng = materialize.rank0_rng_state(self.broadcast_object)
         elif not meta:
+            # Rank 0's weights to every rank, from the device: a group the script formed with NCCL alone (the
+            # tutorials' init_process_group("nccl")) has no way for CPU tensors.
+            module.to(device)
             for t in (*module.parameters(), *module.buffers()):
                 if broadcast is None:
                     dist.broadcast(t.data, src=0)
@@ -170,9 +178,9 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
         self.units = _units.choose(module, self.wrap)
         for name in self.units:
             fully_shard(module.get_submodule(name), mesh=mesh, reshard_after_forward=self.reshard_after_forward,
-                        mp_policy=mp, offload_policy=offload)
+                        mp_policy=inner, offload_policy=offload)
         # The model's own unit is needed again as soon as backward starts: keep it gathered (torch's default).
-        fully_shard(module, mesh=mesh, reshard_after_forward=False, mp_policy=mp, offload_policy=offload)
+        fully_shard(module, mesh=mesh, reshard_after_forward=False, mp_policy=outer, offload_policy=offload)
         if meta:
             module.to_empty(device="cpu" if self.offload == "cpu" else device)
             if self.offload == "cpu" and device.type != "cpu":
