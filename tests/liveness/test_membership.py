@@ -327,3 +327,21 @@ def test_positions_older_than_the_others_are_not_taken_for_a_mismatch():
                         waiting="__init__", seq=2)
     assert stall.mismatch({0: fresh, 1: stale}) is None
     assert "rank 1 is in __init__" in stall.mismatch({0: fresh, 1: dataclasses.replace(stale, beat=now)})
+
+
+@pytest.mark.parametrize("world, generation", [("1000000000", "0-0"), ("0", "0-0"), ("-3", "0-0"), ("two", "0-0"),
+                                               ("2", "../../x"), ("2", "0-0 "), ("2", "")])
+def test_a_tampered_world_or_generation_is_no_board_to_read(world, generation):
+    """Issue 31, item 12: tampered `world`/`current` store keys hung the launcher for 185 s (it read every one of
+    10**9 ranks' keys); a value that cannot be a job's is no board at all, answered at once."""
+    from ringtrain.liveness.board import PREFIX, job_board
+
+    store = dist.HashStore()
+    store.set(f"{PREFIX}/current", generation)
+    store.set(f"{PREFIX}/{generation}/world", world)
+    started = time.monotonic()
+    assert job_board(store) is None
+    assert time.monotonic() - started < 1.0
+    store.set(f"{PREFIX}/current", "0-0")
+    store.set(f"{PREFIX}/0-0/world", "2")
+    assert job_board(store).world_size == 2  # a real one still reads

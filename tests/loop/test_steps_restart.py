@@ -77,17 +77,18 @@ def test_equal_to_one_process_with_the_same_global_batch(tmp_path, uninterrupted
 
 
 # --- Issue 32: preemption (loop/preempt.py) --------------------------------------------------------------------
-def _preempted_run(out, strategy: str, at: int, how: str, uninterrupted, *flags: str, signal_name: str = "SIGTERM"):
+def _preempted_run(out, strategy: str, at: int, how: str, uninterrupted, *flags: str, signal_name: str = "SIGTERM",
+                   nodes: tuple = ("--nproc-per-node", "2")):
     """A run signalled at rank 1's ``at``-th backward exits 75 with one checkpoint (save_every=1000: the
     preemption's), the same command then resumes there and ends bitwise equal to the uninterrupted run.
     Returns the seconds from the signal to the launcher's exit."""
-    command = ringtrain_cmd("run", "--nproc-per-node", "2", *flags, JOB, "--out", str(out), "--strategy", strategy,
+    command = ringtrain_cmd("run", *nodes, *flags, JOB, "--out", str(out), "--strategy", strategy,
                             "--save-every", "1000", "--preempt-at", str(at), "--preempt-how", how,
                             "--preempt-signal", signal_name)
     first = subprocess.run(command, capture_output=True, text=True, timeout=240, env=child_env())
     ended = time.time()
     assert first.returncode == 75, outputs(first)
-    assert "ringtrain run: preempted" in first.stderr and "run the same command again" in first.stderr, outputs(first)
+    assert "preempted" in first.stderr and "run the same command again" in first.stderr, outputs(first)
     saved = sorted(p.name for p in (out / "ckpt").iterdir() if p.name.startswith("step-"))
     assert len(saved) == 1, saved  # the preemption's checkpoint, no periodic one
     signalled, at_step = (out / "signalled").read_text().split()
@@ -118,6 +119,13 @@ def test_a_signal_to_one_rank_preempts_every_rank_at_the_same_step_fsdp(tmp_path
     # a stop, not a preemption: the agent was not signalled.)
     _preempted_run(tmp_path, "fsdp", random.Random("preempt-fsdp").randint(3, BACKWARDS - 6), "rank1", uninterrupted,
                    "--preempt-signal", "USR1", signal_name="SIGUSR1")
+
+
+@pytest.mark.timeout(600)
+def test_two_nodes_on_one_machine_are_preempted_together(tmp_path, uninterrupted):
+    # -H localhost:1,127.0.0.1:1: two node agents under one ringtrain run. Rank 1's agent is signalled; the ranks
+    # agree, both save, both agents exit 75, and so does the ringtrain run above them.
+    _preempted_run(tmp_path, "ddp", 7, "launcher", uninterrupted, nodes=("-H", "localhost:1,127.0.0.1:1"))
 
 
 @pytest.mark.timeout(600)

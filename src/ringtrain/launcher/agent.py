@@ -14,9 +14,10 @@ import sys
 import tempfile
 import time
 
+from ..liveness import procs
 from ..liveness.records import PREEMPTED_EXIT
 from ..loop import preempt
-from . import torchrun_flags
+from . import leftovers, torchrun_flags
 from .plan import Plan
 from .ports import TORCHRUN_DEFAULT_PORT, is_loopback
 
@@ -192,6 +193,8 @@ def _execute(plan: Plan) -> int:
     marks = tempfile.mkdtemp(prefix="ringtrain-preempted-")
     os.environ[preempt.MARKS_ENV] = marks
     restore_handler = _say_when_signalled(marks)
+    # A daemon a rank starts (double fork) becomes this process's child, and is stopped when the job ends.
+    adopted, before = leftovers.adopt_orphans(), set(procs.children(os.getpid()))
     try:
         # run(), not main(): main's @record would print torchelastic's own failure summary.
         torchrun.run(args)
@@ -230,6 +233,8 @@ def _execute(plan: Plan) -> int:
             seconds=time.monotonic() - started) from e
     finally:
         requests.uninstall()
+        if adopted:
+            leftovers.stop_leftovers(before, lambda line: print(f"ringtrain run: {line}", file=sys.stderr, flush=True))
         restore_handler()
         shutil.rmtree(marks, ignore_errors=True)
         os.environ.pop(preempt.MARKS_ENV, None)

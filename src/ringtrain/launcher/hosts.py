@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import RingtrainError
+from ..liveness.records import PREEMPTED_EXIT
 from ..liveness.seal import SECRET_ENV, SECRET_FILE_ENV, new_secret
 from .host_list import assign, parse_host_list, read_hostfile
 from .plan import plan_from_args
@@ -357,6 +358,16 @@ def _stop(procs: list, nodes: Sequence, sig: int, grace: float) -> None:
             proc.wait()
 
 
+def _preempted(procs: list, say: Callable) -> int:
+    """PREEMPTED_EXIT when every node's agent left preempted (each saved its checkpoint: loop/preempt.py), else 0.
+    A node started over ssh is hung up by the stop, not preempted: its ranks cannot save."""
+    if procs and all(p.returncode == PREEMPTED_EXIT for p in procs):
+        say(f"preempted: every node's ranks saved their checkpoint; exit {PREEMPTED_EXIT}.\nHINT: run the same "
+            "command again: it resumes from that checkpoint.")
+        return PREEMPTED_EXIT
+    return 0
+
+
 def run_nodes(nodes: Sequence, *, poll: float = 0.1, grace: float = 30.0,
               say: Callable = lambda line: print(f"ringtrain run: {line}", file=sys.stderr, flush=True)) -> int:
     """Start every node's agent, wait for all; stop the rest when one fails or on SIGINT/SIGTERM.
@@ -380,11 +391,13 @@ def run_nodes(nodes: Sequence, *, poll: float = 0.1, grace: float = 30.0,
             if received:
                 say(f"stopped by {signal.Signals(received[0]).name}; stopping all {len(nodes)} node(s).")
                 _stop(procs, nodes, received[0], grace)
-                return 128 + int(received[0])
+                return _preempted(procs, say) or 128 + int(received[0])
             codes = [p.poll() for p in procs]
             failed = next(((node, c) for node, c in zip(nodes, codes) if c not in (None, 0)), None)
             if failed is not None:
                 _stop(procs, nodes, signal.SIGTERM, grace)
+                if _preempted(procs, say):  # a node's ranks were preempted: the others save and leave too
+                    return PREEMPTED_EXIT
                 say(_describe(failed[0], _code(failed[1])))
                 return _code(failed[1])
             if all(c == 0 for c in codes):

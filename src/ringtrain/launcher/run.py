@@ -387,7 +387,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 from ..errors import RingtrainError
 from . import discovery, flags, horovod_flags, hosts, preflight
@@ -399,7 +401,15 @@ def build_parser() -> argparse.ArgumentParser:
     return flags.build_parser(__doc__)
 
 
+def _not_started_yet(signum, frame) -> None:
+    print("ringtrain run: stacks: the job has not started yet; nothing to ask.", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    # `ringtrain stacks` (kill -USR1) before the job's own handler is in place: said, rather than SIGUSR1's default
+    # action, which would end this launcher before it started anything.
+    if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, _not_started_yet)
     try:
         ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
         ns = discovery.apply(horovod_flags.apply(ns))  # an elastic horovodrun line becomes a host list

@@ -149,8 +149,15 @@ def observe_plain_script(poll_s: float = 1.0) -> None:
         except Exception:  # a bad RINGTRAIN_STALL_WARNING: the ring would say so; here keep the default
             stall_warning = watchdog.STALL_WARNING_S
         board.hello()
-        watchdog.Watchdog(board, backward_syncs=True, error_file=None, stall_warning=stall_warning,
-                          checks=watchdog.default_checks(stopping=False)).start()
+        dog = watchdog.Watchdog(board, backward_syncs=True, error_file=None, stall_warning=stall_warning,
+                                checks=watchdog.default_checks(stopping=False))
+        dog.start()
+        # The script's dist.destroy_process_group() ends the watch: its peers (and the store's host, rank 0's
+        # process in an elastic job) are leaving, and a look at a store that is gone only makes torch's C++
+        # client print its retries.
+        while dist.is_initialized():
+            time.sleep(0.1)
+        dog.halt()
 
     threading.Thread(target=wait_and_watch, name="ringtrain-observer", daemon=True).start()
 

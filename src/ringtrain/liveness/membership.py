@@ -305,10 +305,39 @@ def leave_process(status: int, reason: str, master: tuple[str, int], rank: int, 
         return member.finish(reason)  # finish() keeps a post the excepthook already made
     if world_size < 2:
         return None
-    board = plain_board(master[0], master[1], rank, world_size, generation)
-    if board is None:
-        return None
-    return post_failure(board, reason, error) if status else board.post("finished", reason)
+    # Best effort: the store's host (rank 0's process in an elastic job) may be leaving too, and torch's C++
+    # client prints every failed connect with a stack (one run in three of the DDP tutorial's elastic_ddp.py).
+    with native_stderr_quiet():
+        board = plain_board(master[0], master[1], rank, world_size, generation)
+        if board is None:
+            return None
+        try:
+            return post_failure(board, reason, error) if status else board.post("finished", reason)
+        except (RuntimeError, OSError):
+            return None
+
+
+@contextlib.contextmanager
+def native_stderr_quiet() -> Iterator[None]:
+    """File descriptor 2 to /dev/null for a moment: what native code (torch's store client) writes there is
+    dropped; Python's own sys.stderr is flushed first and comes back as it was."""
+    sys.stderr.flush()
+    saved = quiet = -1
+    try:
+        saved = os.dup(2)
+        quiet = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        if saved >= 0:
+            os.close(saved)
+        yield
+        return
+    try:
+        os.dup2(quiet, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(quiet)
 
 
 def explain() -> str | None:

@@ -35,6 +35,24 @@ def stat(pid: int) -> list[str] | None:
     return raw[raw.rindex(b")") + 2:].decode(errors="replace").split()
 
 
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (zombies left out), from /proc; [] where there is none."""
+    try:
+        entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    return [e for e in entries if (fields := stat(e)) is not None and int(fields[1]) == pid and fields[0] != "Z"]
+
+
+def command_line(pid: int) -> str:
+    """``/proc/PID/cmdline`` as one line ("" when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return " ".join(a.decode(errors="replace") for a in f.read().split(b"\0") if a)
+    except OSError:
+        return ""
+
+
 def exists(pid: int) -> bool:
     """Whether a process ``pid`` exists here (a zombie counts), whoever owns it."""
     try:
