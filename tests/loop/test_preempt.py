@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -17,7 +18,7 @@ from _launch_util import HELPERS, child_env, outputs
 import ringtrain as rt
 from ringtrain.errors import RingtrainError
 from ringtrain.launcher import plan as plans, report, run, stacks
-from ringtrain.liveness import dump
+from ringtrain.liveness import dump, procs
 from ringtrain.loop import preempt
 
 JOB = os.path.join(HELPERS, "_steps_jobs.py")
@@ -85,6 +86,9 @@ def test_stacks_move_to_usr2_where_usr1_preempts(monkeypatch, tmp_path):
     # ringtrain stacks PID reads the launcher's command line
     launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--preempt-signal", "USR1"])
     try:
+        deadline = time.monotonic() + 20  # until the child has exec'd (before, /proc shows pytest's command line)
+        while "--preempt-signal" not in procs.command_line(launcher.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert stacks.preempt_signal_of(launcher.pid) == "USR1"
     finally:
         launcher.kill()

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STEPS = ["env", "gpu-tests", "save-load-step", "fork-launch", "demo-one-gpu", "ddp-example", "syncbn-nccl",
+STEPS = ["env", "gpu-tests", "save-load-step", "fork-launch", "demo-one-gpu", "digits-gpu", "ddp-example", "syncbn-nccl",
          "dataparallel", "horovod-adasum", "fsdp-one-gpu", "fsdp-nccl", "fsdp-consolidate", "bench-fsdp", "bench"]
 
 
