@@ -262,3 +262,39 @@ def unit_output_dtypes() -> dict:
     seen["model"] = str(model(torch.randn(4, 10)).dtype)
     ring.close()
     return seen
+
+
+def _state_of(path: str) -> list:
+    """What is at ``path`` (and beside it): a file's bytes' digest and time, a folder's files with theirs."""
+    import hashlib
+
+    def one(p: str) -> tuple:
+        with open(p, "rb") as f:
+            return os.path.basename(p), hashlib.sha256(f.read()).hexdigest(), os.stat(p).st_mtime_ns
+    if os.path.isdir(path):
+        return sorted(one(os.path.join(path, name)) for name in os.listdir(path))
+    return [one(path)] if os.path.exists(path) else []
+
+
+def save_over(strategy: str, saves: list[tuple[str, bool | None]]) -> list[dict]:
+    """Issue 33, item 1: ``ring.save(path, full=full)`` of a trained model for each of ``saves``, in order; per save
+    its error ("" when saved), the ring collectives it cost, what is at ``path`` afterwards, and the folder's names."""
+    ring = rt.Ring(strategy=strategy, seed=0)
+    model = make_model()
+    model, optimizer = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    for x, y in ring.loader(data(16), batch_size=4):
+        ring.backward(F.cross_entropy(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+    out = []
+    for path, full in saves:
+        before = ring.activity.calls
+        try:
+            ring.save(path, full=full, model=model, optimizer=optimizer)
+            said = ""
+        except rt.RingtrainError as e:
+            said = str(e)
+        out.append({"error": said, "collectives": ring.activity.calls - before, "state": _state_of(path),
+                    "beside": sorted(os.listdir(os.path.dirname(path)))})
+    ring.close()
+    return out

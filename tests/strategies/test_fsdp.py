@@ -282,6 +282,32 @@ def test_save_never_replaces_a_folder_that_is_not_a_checkpoint(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ck", "results"]
 
 
+def test_a_save_that_would_change_a_checkpoints_form_is_refused_at_the_call(tmp_path):
+    """Issue 33, item 1: with mlp_final.pt (a DDP run's file) there, an FSDP run's ring.save("mlp_final.pt") put a
+    folder in its place without a word; a DDP save onto a folder was refused only after gathering the state. Now
+    either is refused at the call, on every rank, after one agreement (no gathering), nothing written or deleted."""
+    file, folder = str(tmp_path / "mlp_final.pt"), str(tmp_path / "mlp_sharded")
+    ddp = launch(jobs.save_over, "ddp", [(file, None), (folder, False), (folder, None)])
+    fsdp = launch(jobs.save_over, "fsdp", [(file, None), (file, True), (folder, None)])
+    for rank in range(2):
+        saved_file, saved_folder, onto_folder = ddp[rank]
+        assert saved_file["error"] == saved_folder["error"] == "", ddp[rank]
+        assert onto_folder["error"].startswith(f"rank 0: ring.save({folder!r}) would replace the sharded checkpoint "
+                                               "folder there with one checkpoint file (ddp's default form)"), onto_folder
+        assert "HINT: save to another path, pass full=False" in onto_folder["error"]
+        assert onto_folder["collectives"] == 1  # the agreement only: nothing was gathered
+        assert onto_folder["state"] == saved_folder["state"] and onto_folder["beside"] == ["mlp_final.pt", "mlp_sharded"]
+        onto_file, file_again, folder_again = fsdp[rank]
+        assert onto_file["error"].startswith(f"rank 0: ring.save({file!r}) would replace the checkpoint file there "
+                                             "with a sharded folder (fsdp's default form)"), onto_file
+        assert "HINT: save to another path" in onto_file["error"] and "pass full=True" in onto_file["error"]
+        assert onto_file["collectives"] == 1
+        assert onto_file["state"] == saved_file["state"] and onto_file["beside"] == ["mlp_final.pt", "mlp_sharded"]
+        assert file_again["error"] == folder_again["error"] == "", fsdp[rank]  # the same form: replaced, as always
+        assert file_again["state"] != saved_file["state"] and os.path.isfile(file) and os.path.isdir(folder)
+    assert sharded.problem(folder) is None
+
+
 # --- choices and refusals ---------------------------------------------------------------------
 
 class Block(nn.Module):

@@ -92,9 +92,14 @@ class StateFiles:
             raise RingtrainError(f"ring.save got the reserved key {files.META_KEY!r}", "rename that entry.")
         self.activity.enter("checkpoint")
         self.flush()
-        state_ = self._with_extras(state_)
+        chosen = "full=True" if full else "full=False" if full is not None else None
         if full is None:
             full = not self.strategy.shards_state
+        # Before any work (no gathering, nothing written or deleted): a save that changes what is at `path`
+        # from a file to a folder, or back, is refused on every rank (issue 33, item 1).
+        default = f"{self.strategy.name}'s default form"
+        self._agree(lambda: refuse_form_change(path, full, chosen or default))
+        state_ = self._with_extras(state_)
         if not full:
             self._save_sharded(path, state_)
             return
@@ -104,9 +109,7 @@ class StateFiles:
         payload[files.META_KEY] = meta
 
         def write() -> None:
-            if os.path.isdir(path) and not os.path.islink(path):
-                raise RingtrainError(f"cannot save the checkpoint file {path!r}: a folder is there",
-                                     "save to another path, or remove the folder (a sharded checkpoint) first.")
+            refuse_form_change(path, True, chosen or default)  # a folder made there meanwhile
             files.atomic_save(files.to_cpu(payload), path)
 
         self._agree(write)
@@ -270,6 +273,33 @@ class StateFiles:
             self.resume_epoch = min(nexts)
         elif saved_epoch is not None:
             self.resume_epoch = saved_epoch + 1
+
+
+def refuse_form_change(path: str, full: bool, why: str) -> None:
+    """Refuse a save that would put a sharded folder where a checkpoint file is (``full`` False), or one file where a
+    folder is (``full`` True): either would silently take away what a script, or a person, reads at ``path``
+    (``torch.load`` of a file; a folder's shards). A link is neither: it is replaced as it always was. ``why``:
+    how the form was chosen (``full=True``, or the strategy's default), for the message."""
+    if os.path.islink(path) or not os.path.lexists(path):
+        return
+    folder = os.path.isdir(path)
+    if not full and not folder:
+        raise RingtrainError(
+            f"ring.save({path!r}) would replace the checkpoint file there with a sharded folder ({why}); "
+            "refused before anything was written: the file is unchanged",
+            "save to another path (e.g. a folder name without .pt), pass full=True to write one file there as "
+            "before, or remove the file first.")
+    if full and folder:
+        ours = sharded.problem(path) is None
+        raise RingtrainError(
+            f"ring.save({path!r}) would replace {'the sharded checkpoint folder' if ours else 'a folder'} there "
+            f"with one checkpoint file ({why}); refused before anything was written: the folder is unchanged",
+            "save to another path, pass full=False to write a sharded folder there as before, or remove the folder "
+            "first." if ours else "save to another path, or move that folder away.")
+    if not full and folder and os.listdir(path) and sharded.problem(path) is not None:
+        raise RingtrainError(f"cannot save the sharded checkpoint to {path!r}: a folder that is not a ringtrain "
+                             "checkpoint is there, and ring.save never deletes what is not its own",
+                             "save to a new path, or move that folder away.")
 
 
 def resume_loader(made: RingLoader, saved: dict[str, Any]) -> None:
