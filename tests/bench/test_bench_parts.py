@@ -236,13 +236,38 @@ def test_the_plot_draws_raw_ddp_as_the_reference_and_names_what_did_not_run(tmp_
             _row("pipeline", 1, None, "skipped", "pipeline needs a multiple of 2 processes")]
     fig = plot.figure(rows, {"workload": "mlp", "device": device})
     (ax,) = fig.axes
-    assert ax.get_legend().get_title().get_text() == counted  # W counts CPU processes on CPU, not "devices"
+    (legend,) = fig.legends
+    assert legend.get_title().get_text() == counted  # W counts CPU processes on CPU, not "devices"
     dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert [tuple(line.get_ydata()) for line in dashed] == [(190.0, 190.0)]  # raw-ddp at W=2, across the panel
-    assert "raw-ddp W=2 (hand-written DDP)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "raw-ddp W=2 (hand-written DDP)" in [t.get_text() for t in legend.get_texts()]
     under = "\n".join(t.get_text() for t in fig.texts)
     assert "dp (W=1,2, precision 32) skipped: Ring(strategy=DataParallel()): dp needs CUDA GPUs" in under
     assert "pipeline (W=1, precision 32) skipped" in under
     plt.close(fig)
     png = plot.throughput_png(rows, {"workload": "mlp", "device": device}, str(tmp_path / "t.png"))
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_legend_covers_no_panel_and_no_note():
+    """Issue 33, item 8: with a bf16 panel beside the float32 one, the legend (inside the last panel, "best") sat
+    on the bf16 panel's bars. One legend for the figure now, in a row of its own between the panels and the notes."""
+    import matplotlib.pyplot as plt
+
+    from ringtrain.bench import plot
+
+    rows = [{**_row(mode, world, rate), "precision": precision} for precision in ("32", "bf16-mixed")
+            for mode, world, rate in (("single", 1, 140.0), ("ddp", 1, 125.0), ("ddp", 2, 60.0), ("hvd", 2, 50.0),
+                                      ("raw-ddp", 1, 128.0), ("raw-ddp", 2, 62.0))]
+    rows.append(_row("dp", "1,2", None, "skipped", "DataParallel splits each batch over the GPUs of one process"))
+    fig = plot.figure(rows, {"workload": "digits-cnn", "device": "cpu"})
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (legend,) = fig.legends
+    box = legend.get_window_extent(renderer)
+    assert len(fig.axes) == 2 and not any(ax.get_legend() for ax in fig.axes)
+    for ax in fig.axes:
+        assert not box.overlaps(ax.get_tightbbox(renderer)), (box, ax.get_title())  # its bars and mode names
+    for note in fig.texts:
+        assert not box.overlaps(note.get_window_extent(renderer)), note.get_text()
+    plt.close(fig)

@@ -59,7 +59,8 @@ def figure(rows: list[dict], meta: dict):
     width_in = max(6.0, 1.1 * len(modes) * len(precisions) + 2)
     chars = int(width_in * 14)  # 7-point monospace: about 14 characters an inch
     wrapped = [part for line in notes for part in textwrap.wrap(line, chars, subsequent_indent="    ")]
-    height_in = 4.2 + 0.18 * (len(wrapped) + 1 if wrapped else 0)
+    legend_in = 0.45  # the legend's row under the panels: inside a panel it covered bars (issue 33, item 8)
+    height_in = 4.2 + legend_in + 0.18 * (len(wrapped) + 1 if wrapped else 0)
     fig, axes = plt.subplots(1, len(precisions), figsize=(width_in, height_in), squeeze=False, sharey=True)
     width = 0.8 / max(len(worlds), 1)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -87,13 +88,23 @@ def figure(rows: list[dict], meta: dict):
         ax.set_title(f"precision {precision}")
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("samples/s (median, min-max)")
-    axes[0][-1].legend(title=world_label(meta), loc="best", fontsize=8, framealpha=0.8)
     fig.suptitle(f"ringtrain bench: {meta.get('workload')} on {meta.get('device_name') or meta.get('device', '')}",
                  fontsize=10)
-    bottom = 0.0
+    notes_in = 0.0
     if wrapped:
         text = "not run (see the table):\n" + "\n".join(wrapped)
         fig.text(0.01, 0.01, text, fontsize=7, va="bottom", ha="left", family="monospace")
-        bottom = (0.18 * (len(wrapped) + 1) + 0.1) / height_in
-    fig.tight_layout(rect=(0, bottom, 1, 1))
+        notes_in = 0.18 * (len(wrapped) + 1) + 0.1
+    # One legend for every panel, in a row of its own under them (above the notes): it covers no bar.
+    handles: dict[str, object] = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    labels = sorted(handles, key=lambda label: (label.startswith(REFERENCE), label))  # the bars, then the lines
+    if labels:
+        fig.legend([handles[k] for k in labels], labels, title=world_label(meta), loc="lower center",
+                   bbox_to_anchor=(0.5, notes_in / height_in), ncol=len(labels), fontsize=8, title_fontsize=8,
+                   frameon=False)
+    # The panels' rotated mode names sit under the axes: the legend's row is kept free of them.
+    fig.tight_layout(rect=(0, (notes_in + legend_in) / height_in, 1, 1))
     return fig
