@@ -115,8 +115,10 @@ class Ring:
         self.sync_batchnorm = sync_batchnorm
         configure_kernels(deterministic, cudnn_benchmark)
         # What the loop holds (models, optimizers, loaders, the epoch): written here, read by the checkpoints.
+        replicas = self.strategy.data_parallel_size
         self.held = Held(self.step_state, self.precision.scaler, nonfinite=self.nonfinite,
-                         devices=self.strategy.data_parallel_size * self.strategy.devices_per_process)
+                         devices=replicas * self.strategy.devices_per_process,
+                         stages=self.world_size // replicas if isinstance(self.strategy, PipelineSchedule) else 1)
         self._remaining_batches: int | None = None
         self._window = NoSyncWindow(self.step_state, getattr(self.strategy, "no_sync", None),
                                     lambda: self._remaining_batches)
@@ -219,9 +221,8 @@ class Ring:
             self.accumulate = self.held.accumulate_for(self._global_batch, batch_size)
         self.held.loaders.append(made)
         if first_training:
-            devices = self.strategy.data_parallel_size * self.strategy.devices_per_process
-            self.print(f"ringtrain: global batch {self.global_batch_size} = {batch_size} per device x {devices} "
-                       f"device(s) x {self.accumulate} accumulation step(s)")
+            self.print(f"ringtrain: global batch {self.global_batch_size} = {self.held.batch_terms(batch_size)} x "
+                       f"{self.accumulate} accumulation step(s)")
         self.resumer.add_loader(made)
         return made
 

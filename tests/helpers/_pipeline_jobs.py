@@ -250,3 +250,18 @@ def ring_save_or_load(path: str, data: str, stages: int, save: bool) -> tuple | 
     whole = (ring.strategy.module_state(model), ring.strategy.optimizer_state(optimizer, model), extra)
     ring.close()
     return whole if ring.rank == 0 else None
+
+
+def global_batch_line(stages: int) -> str:
+    """What the first training loader of a pipeline's ring prints (rank 0; "" elsewhere)."""
+    import contextlib
+    import io
+
+    import ringtrain as rt
+
+    ring = rt.Ring(strategy=Pipeline(stages=stages, microbatches=2, schedule="gpipe"), seed=0)
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        ring.loader(torch.utils.data.TensorDataset(torch.randn(64, 16)), batch_size=8)
+    ring.close()
+    return said.getvalue()

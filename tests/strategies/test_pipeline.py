@@ -228,6 +228,15 @@ def test_sharded_checkpoint_of_a_two_dimensional_layout_loads_into_any_layout(tm
         assert got_extra == {"epoch": 3}
 
 
+def test_the_global_batch_line_counts_replicas_not_processes():
+    """Issue 33, item 2: 2 stages on 2 processes printed "global batch 8 = 8 per device x 1 device(s)": the number was
+    right (both stages work on the same 8 samples), the words were not."""
+    said = launch(jobs.global_batch_line, 2)
+    assert said[0] == ("ringtrain: global batch 8 = 8 per replica x 1 replica(s) (each a pipeline of 2 stages, one "
+                       "process each) x 1 accumulation step(s)\n"), said
+    assert said[1] == ""
+
+
 def test_stage_output_shape_change_is_a_clear_error():
     with pytest.raises(rt.RingtrainError, match="changed shape between micro-batches") as info:
         launch(jobs.shape_change)

@@ -21,6 +21,7 @@ class Held:
     step: Step
     scaler: torch.amp.GradScaler
     devices: int = 1  # data-parallel devices over the job (replicas x devices per process): the global batch's factor
+    stages: int = 1  # processes one replica spans (a pipeline's stages, all working on the replica's samples)
     models: list[nn.Module] = field(default_factory=list)
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
     loaders: list[RingLoader] = field(default_factory=list)
@@ -55,6 +56,15 @@ class Held:
                 f"{self.devices} device(s) = {per_device * self.devices}",
                 f"choose global_batch as a multiple of {per_device * self.devices}, or another per-device batch size.")
         return k
+
+    def batch_terms(self, batch_size: int) -> str:
+        """What a step's batch is made of: per device x devices, or — where a replica spans several processes (a
+        pipeline's stages) — per replica x replicas (issue 33, item 2: 2 stages on 2 processes printed "32 per device
+        x 1 device(s)": the number was right, the words were not)."""
+        if self.stages > 1:
+            return (f"{batch_size} per replica x {self.devices} replica(s) (each a pipeline of {self.stages} stages, "
+                    "one process each)")
+        return f"{batch_size} per device x {self.devices} device(s)"
 
     @property
     def global_batch(self) -> int | None:
