@@ -89,7 +89,8 @@ def test_ddp_timeline_has_every_rank_and_each_bucket_once_per_step(run_ranks, tm
     with open(folder / "timeline.png", "rb") as f:
         assert f.read(8) == PNG
     stats = summary(timeline.read_parts(str(folder), "timeline"))
-    assert stats[0]["steps"] == jobs.STEPS - 1 and 0.0 <= stats[0]["hidden_pct"] <= 100.0
+    assert stats[0]["steps"] == jobs.STEPS and 0.0 <= stats[0]["hidden_pct"] <= 100.0  # every step (issue 33: one fewer)
+    assert stats[0]["table"]["steps"] == jobs.STEPS  # the run's table, from the same step times
 
 
 @pytest.mark.timeout(240)
@@ -164,9 +165,12 @@ def test_memory_is_bounded_and_missing_ranks_are_named(tmp_path, capsys):
         recorder.enter("data", 1.0)
         recorder.enter("forward", 2.0)
         recorder.leave("optimizer")
+        recorder.step_done(1.0, 0.5, 2.0)  # a ring's optimizer step ends the step (Activity.step_ends)
+    recorder.enter("data", 3.0)  # the next step's fetch: kept with the last steps
     recorder.close()  # rank 1 never wrote its part: nothing merged at close
     part = load(tmp_path / "timeline.rank-0.json")
-    assert part["dropped_steps"] == 6 and {e[5] for e in part["events"]} == {7, 8, 9, 10}  # 3 + the last
+    assert part["dropped_steps"] == 7 and {e[5] for e in part["events"]} == {7, 8, 9, 10}  # 3 + the one in progress
+    assert [t[0] for t in part["step_times"]] == [7, 8, 9] and part["step_times"][0][3:] == [1.0, 0.5, 2.0]
     assert not (tmp_path / "timeline.json").exists()
     assert timeline.main([str(tmp_path), "--no-png"]) == 0
     assert "no part from rank(s) 1" in capsys.readouterr().err

@@ -183,15 +183,30 @@ def run_summary(board: Any) -> str | None:
 
 
 def whereabouts_lines(board: Any) -> list[str]:
-    """Where every rank was last seen: for a job that died in a collective (a mismatch aborts Gloo)."""
+    """Where every rank was last seen: for a job that died in a collective (a mismatch aborts Gloo).
+
+    A rank says where it is about once a second (watchdog.PUBLISH_S), so what it last said may be older than
+    its end by up to that, and more for a rank frozen or holding the GIL: each line says how much older (its
+    post's time, else the newest word of any rank) — a kill -9 report put rank 0 at step 69 and rank 1 at 63,
+    which ranks that synchronise every step cannot be, without a word (issue 33, item 2)."""
     if board is None:
         return []
     views = board.whereabouts()
     if not views:
         return []
-    lines = ["", "Where the ranks were last seen:"]
-    lines += [f"  rank {r}: {v.doing()}" + (f" at {v.site}" if v.site else "") + f" (step {v.step + 1})"
-              for r, v in sorted(views.items())]
+    posts = board.read()
+    newest = max(v.beat for v in views.values())
+    lines = ["", "Where the ranks were last seen (each rank says where it is about once a second; the age is "
+             "how long before its end it said so):"]
+    for r, v in sorted(views.items()):
+        post = posts.get(r)
+        end = post.time if post is not None and post.time != float("inf") else newest
+        lines.append(f"  rank {r}: {v.doing()}" + (f" at {v.site}" if v.site else "")
+                     + f" (step {v.step + 1}, {max(0.0, end - v.beat):.1f} s before its end)")
+    steps = [v.step for v in views.values()]
+    if max(steps) - min(steps) > 1:
+        lines.append("  (ranks that synchronise every step are at most one step apart: the lower steps are older "
+                     "news — those ranks went on after they last said where they were)")
     different = mismatch(views)
     if different:
         lines += ["", f"The ranks were in different collectives: {different}."]

@@ -11,8 +11,8 @@ optimizer, its checkpoints, ``ring.log``, the timeline, and the watchdog that re
   ``checkpoint``, ``evaluation`` (an ``exact=True`` loader), ``collective`` (a ring collective);
 * ``current`` / ``calls`` — the ring collective the main thread is in (``all_reduce #8``) and how
   many it has issued (the sequence number mismatched collectives are told apart by);
-* ``times`` — rolling milliseconds per step: data wait, the synchronising part (backward and the
-  optimizer step: where a rank waits for the others) and the whole step.
+* ``times`` — milliseconds per optimizer step (``StepTimes``): data wait, the synchronising part (backward and
+  the optimizer step: where a rank waits for the others) and the whole step, rolling and over the run.
 """
 
 from __future__ import annotations
@@ -39,29 +39,55 @@ WINDOW = 50  # steps the rolling times cover
 
 
 class StepTimes:
-    """Per-step milliseconds, over the last ``WINDOW`` steps and over the whole run."""
+    """Milliseconds per optimizer step — waiting for the training loader (``data``), in the synchronising part
+    (``sync``: backward and the optimizer step, where a rank waits for the others) and in the whole step — over
+    the last ``WINDOW`` steps and over the whole run. The one source of every per-rank step figure: the table
+    ``ringtrain run`` prints, ``ring.stats()``, ``ring.log``'s ranks.csv and the timeline (issue 33, item 2).
+
+    A step ends at its optimizer step (``end``): ``steps`` counts ``ring.optimizer_steps``, micro-batches of an
+    accumulation window being one step. The next begins there, or — after a loader's pass ended (``pause``:
+    an epoch's evaluation and checkpoint are no step's) — at the next training fetch (``begin``), or at the next
+    backward in a loop without ring loaders.
+    """
 
     def __init__(self) -> None:
         self.recent: dict[str, deque] = {k: deque(maxlen=WINDOW) for k in ("data", "sync", "step")}
         self.total: dict[str, float] = {"data": 0.0, "sync": 0.0, "step": 0.0}
         self.steps = 0
         self._data = self._sync = 0.0
-        self._started: float | None = None
+        self._started: float | None = None  # perf_counter() when the step in progress began; None: between steps
 
-    def add(self, what: str, seconds: float) -> None:
+    def begin(self, now: float) -> None:
+        """A training loader is about to fetch a batch: a step begins, unless one is in progress."""
+        if self._started is None:
+            self._started, self._data, self._sync = now, 0.0, 0.0
+
+    def add(self, what: str, seconds: float, now: float) -> None:
+        """A timed block of ``seconds`` ended at ``now``; between steps, a synchronising one begins a step."""
+        if self._started is None:
+            if what != "sync":
+                return
+            self._started, self._data, self._sync = now - seconds, 0.0, 0.0
         if what == "data":
             self._data += seconds
         else:
             self._sync += seconds
 
-    def step_begins(self, now: float) -> None:
-        """A ring loader is about to fetch a batch: the previous step (if any) is complete."""
-        if self._started is not None:
-            for key, value in (("data", self._data), ("sync", self._sync), ("step", now - self._started)):
-                self.recent[key].append(value * 1e3)
-                self.total[key] += value * 1e3
-            self.steps += 1
+    def end(self, now: float) -> tuple[float, float, float] | None:
+        """The optimizer stepped: the step in progress is done; its (data, sync, step) ms. The next begins now."""
+        if self._started is None:
+            return None
+        done = (self._data * 1e3, self._sync * 1e3, (now - self._started) * 1e3)
+        for key, value in zip(("data", "sync", "step"), done):
+            self.recent[key].append(value)
+            self.total[key] += value
+        self.steps += 1
         self._started, self._data, self._sync = now, 0.0, 0.0
+        return done
+
+    def pause(self) -> None:
+        """A training loader's pass ended: what follows until the next step begins is no step's."""
+        self._started, self._data, self._sync = None, 0.0, 0.0
 
     def summary(self) -> dict[str, float]:
         out = {k: (sum(v) / len(v) if v else 0.0) for k, v in self.recent.items()}
@@ -117,16 +143,34 @@ class Activity:
             self.recorder.enter(phase, self.phase_since)
 
     @contextlib.contextmanager
-    def timed(self, phase: str, what: str) -> Iterator[None]:
-        """The block is ``phase`` and counts toward this step's ``what`` (``data`` or ``sync``) time."""
+    def timed(self, phase: str, what: str | None) -> Iterator[None]:
+        """The block is ``phase`` and counts toward this step's ``what`` (``data`` or ``sync``; None: neither)."""
         self.enter(phase)
         start = time.perf_counter()
         try:
             yield
         finally:
-            self.times.add(what, time.perf_counter() - start)
+            now = time.perf_counter()
+            if what is not None:
+                self.times.add(what, now - start, now)
             if self.recorder is not None:
                 self.recorder.leave(phase)
+
+    # --- step boundaries (StepTimes): a training loader, the gated optimizer ------------------------
+    def step_begins(self) -> None:
+        """A training loader is about to fetch a batch."""
+        self.times.begin(time.perf_counter())
+
+    def step_ends(self, optimizer_steps: int) -> None:
+        """The optimizer took a real step (``optimizer_steps`` taken now): the step is done, here and on a timeline."""
+        self.step = optimizer_steps
+        done = self.times.end(time.perf_counter())
+        if self.recorder is not None and done is not None:
+            self.recorder.step_done(*done)
+
+    def pass_ends(self) -> None:
+        """A training loader's pass is over (its fetch found no batch)."""
+        self.times.pause()
 
 
 def main_frame():

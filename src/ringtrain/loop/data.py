@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import functools
 import random
-import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Callable, Iterator
 
@@ -300,15 +299,17 @@ class RingLoader:
         try:
             while True:
                 if not self.exact:
-                    self.activity.times.step_begins(time.perf_counter())
+                    self.activity.step_begins()
                 left = self.remaining()
                 if self.listener is not None and (left is None or left > 0):
                     # Before the fetch: a dataset that draws random numbers (augmentation) in this process does
                     # so after a checkpoint written here, as a resumed run does.
                     self.listener(self)
-                with self.activity.timed(phase, "data"):
+                with self.activity.timed(phase, None if self.exact else "data"):  # an evaluation's fetch: no step's
                     batch = next(batches, _END)
                 if batch is _END:
+                    if not self.exact:
+                        self.activity.pass_ends()  # until the next step, time is no step's (evaluation, saving)
                     break
                 self.activity.enter(after)
                 self.batches_seen += 1

@@ -111,7 +111,7 @@ def wrap_optimizer(
             else:
                 result = previous_step(closure) if closure is not None else previous_step()
         step_state.stepped()
-        activity.step = step_state.optimizer_steps
+        activity.step_ends(step_state.optimizer_steps)  # the step's times end with the step (StepTimes)
         return result
 
     @functools.wraps(previous_zero_grad)

@@ -11,6 +11,9 @@ starts). Writes, into RUN_DIR (or --out):
 * ``ranks.png`` — when ``ranks.csv`` has rows (ring loaders record step times): per rank, the ms of
   a step spent waiting for data, computing, and waiting for the other ranks, against the step. A rank
   whose data share stands out is starving its loader; the others' wait share is the time lost to it.
+  Each panel's title has the rank's whole-run figures, added up from the rows as ``ringtrain run``'s
+  per-rank table computes them (the same numbers); the bands show each logging interval, the wait
+  measured as the table measures it: against the rank fastest over the whole run.
 
 Exit status: 0 written; 1 RUN_DIR has no metrics.csv or it cannot be read; 2 a usage error.
 """
@@ -22,6 +25,7 @@ import os
 import sys
 
 from ..errors import HintingParser, RingtrainError
+from ..liveness.stall import per_rank_stats
 from .table import read_rows
 
 PARTS = (("data_ms", "data (waiting for the loader)", "#9c9c9c"),
@@ -47,6 +51,21 @@ def series(rows: list[dict[str, str]], columns: list[str]) -> dict[str, tuple[li
         points = [(s, v) for s, v in points if s is not None and v is not None]
         if points:
             out[name] = ([s for s, _ in points], [v for _, v in points])
+    return out
+
+
+def run_totals(rows: list[dict[str, float | None]]) -> dict[int, dict[str, float]]:
+    """ranks.csv's rows summed per rank into the step times' counters (``StepTimes.summary()``'s ``steps`` and
+    ``total_*``): ``stall.per_rank_stats`` of them is the run's table, over the logged steps."""
+    out: dict[int, dict[str, float]] = {}
+    for row in rows:
+        steps, rank = row.get("steps"), row.get("rank")
+        if rank is None or not steps or row.get("sync_ms") is None:
+            continue  # a row of an older ringtrain (no sync_ms) cannot be added up
+        total = out.setdefault(int(rank), {"steps": 0.0, "total_data": 0.0, "total_sync": 0.0, "total_step": 0.0})
+        total["steps"] += steps
+        for key, column in (("total_data", "data_ms"), ("total_sync", "sync_ms"), ("total_step", "ms_per_step")):
+            total[key] += (row.get(column) or 0.0) * steps
     return out
 
 
@@ -87,6 +106,25 @@ def curves_png(curves: dict[str, tuple[list[float], list[float]]], path: str, ti
         plt.close(fig)
 
 
+def against_run_fastest(by_rank: dict[int, list[dict[str, float]]], totals: dict[int, dict[str, float]]) -> None:
+    """Each interval's wait measured as the table measures the run's: against the rank fastest over the whole run
+    (its synchronising part that interval), so a panel's red band adds up to the wait its title gives — measured
+    against each interval's own fastest rank, it added up to more (4 % beside the table's 0.0 %). In place; rows
+    without ``sync_ms`` (an older ringtrain) keep the interval's own split."""
+    timed = {r: t for r, t in totals.items() if t["steps"]}
+    if not timed:
+        return
+    fastest = min(timed, key=lambda r: timed[r]["total_sync"] / timed[r]["steps"])
+    theirs = {v["step"]: v.get("sync_ms") for v in by_rank.get(fastest, [])}
+    for values in by_rank.values():
+        for v in values:
+            reference = theirs.get(v["step"])
+            if v.get("sync_ms") is None or reference is None:
+                continue
+            v["wait_ms"] = max(0.0, v["sync_ms"] - reference)
+            v["compute_ms"] = max(0.0, (v.get("ms_per_step") or 0.0) - (v.get("data_ms") or 0.0) - v["wait_ms"])
+
+
 def ranks_png(rows: list[dict[str, str]], path: str, title: str) -> str:
     by_rank: dict[int, list[dict[str, float]]] = {}
     for r in rows:
@@ -96,6 +134,11 @@ def ranks_png(rows: list[dict[str, str]], path: str, title: str) -> str:
     weight = {r: sum(v.get("steps") or 0.0 for v in vs) or 1.0 for r, vs in by_rank.items()}  # intervals differ in length
     mean_step = {r: sum((v.get("ms_per_step") or 0.0) * (v.get("steps") or 0.0) for v in vs) / weight[r]
                  for r, vs in by_rank.items()}
+    # The titles: the whole run's figures, computed as the table `ringtrain run` prints them (the same counters,
+    # the same function), not an average of the intervals' own split (issue 33, item 2).
+    totals = run_totals([v for vs in by_rank.values() for v in vs])
+    whole = per_rank_stats(totals)
+    against_run_fastest(by_rank, totals)
     shown = sorted(sorted(by_rank, key=lambda r: -mean_step[r])[:MAX_RANK_PANELS])  # the slowest, in rank order
     plt = _pyplot()
     columns = min(2, len(shown))
@@ -104,13 +147,21 @@ def ranks_png(rows: list[dict[str, str]], path: str, title: str) -> str:
                              sharex=True, sharey=True)
     for ax, rank in zip(axes.flat, shown):
         points = sorted(by_rank[rank], key=lambda v: v["step"])
+        # A row covers the steps since the previous one: drawn "pre" (up to its step), the first row needs where its
+        # interval began, or it is not drawn at all (the first steps: the warm-up).
+        points.insert(0, {**points[0], "step": max(0.0, points[0]["step"] - (points[0].get("steps") or 0.0))})
         steps = [p["step"] for p in points]
         ax.stackplot(steps, *[[p.get(key) or 0.0 for p in points] for key, _, _ in PARTS],
                      labels=[label for _, label, _ in PARTS], colors=[c for _, _, c in PARTS], step="pre")
-        shares = {key: sum((p.get(key) or 0.0) * (p.get("steps") or 0.0) for p in points) for key, _, _ in PARTS}
-        total = sum(shares.values()) or 1.0
-        ax.set_title(f"rank {rank}: {mean_step[rank]:.1f} ms/step; data {100 * shares['data_ms'] / total:.0f} %, "
-                     f"wait {100 * shares['wait_ms'] / total:.0f} %", fontsize=9)
+        if rank in whole:
+            run = whole[rank]
+            ax.set_title(f"rank {rank}: {run['steps']} steps, {run['ms_per_step']:.1f} ms/step; data "
+                         f"{run['data_pct']:.1f} %, wait {run['wait_pct']:.1f} % (whole run)", fontsize=9)
+        else:  # rows without sync_ms (an older ringtrain): the intervals' own split
+            shares = {key: sum((p.get(key) or 0.0) * (p.get("steps") or 0.0) for p in points) for key, _, _ in PARTS}
+            total = sum(shares.values()) or 1.0
+            ax.set_title(f"rank {rank}: {mean_step[rank]:.1f} ms/step; data {100 * shares['data_ms'] / total:.0f} %, "
+                         f"wait {100 * shares['wait_ms'] / total:.0f} %", fontsize=9)
         ax.set_ylabel("ms per step", fontsize=8)
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=8)

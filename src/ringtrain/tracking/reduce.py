@@ -116,12 +116,16 @@ def reduced(names: list[str], matrix: torch.Tensor, reduce: str | None) -> dict[
 
 
 def rank_rows(matrix: torch.Tensor) -> list[dict[str, float]]:
-    """Per rank, over the steps since the previous call: ms per step and its data / compute / wait parts."""
+    """Per rank, over the steps since the previous call: ms per step, its data / compute / wait parts, and the
+    synchronising part's ms (``sync_ms``: with ``steps``, ``ms_per_step`` and ``data_ms`` the interval's own
+    counters back, so the rows of a run add up to the whole run's figures: plot.run_totals)."""
     counters = matrix[:, -len(TIMES):].tolist()
     stats = per_rank_stats({r: dict(zip(TIMES, c)) for r, c in enumerate(counters)})
     rows = []
     for r, s in stats.items():
         ms = s["ms_per_step"]
         rows.append({"rank": r, "steps": s["steps"], "ms_per_step": round(ms, 4),
-                     **{f"{part}_ms": round(ms * s[f"{part}_pct"] / 100, 4) for part in ("data", "compute", "wait")}})
+                     **{f"{part}_ms": round(ms * s[f"{part}_pct"] / 100, 4) for part in ("data", "compute", "wait")},
+                     "sync_ms": round(counters[r][2] / s["steps"], 4)})
     return rows
+

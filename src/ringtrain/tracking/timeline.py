@@ -13,6 +13,9 @@ and ``hvd.start_timeline(path)`` / ``HOROVOD_TIMELINE=path`` start one ``Recorde
 Events are Chrome trace "complete" events (``"ph": "X"``, microseconds), one process lane per rank
 and a thread lane for its main thread, another for the gradient all-reduces; chrome://tracing and
 https://ui.perfetto.dev open the file. Memory is bounded: the last ``KEEP_STEPS`` steps are kept.
+Steps are the ring's optimizer steps (``Activity.step_ends``): each part carries every kept step's window and
+times, and the run's totals (``StepTimes``), so the picture and ``ringtrain timeline`` say what the run's per-rank
+table says.
 
 Nothing waits on peers (docs/architecture.md, principle 11; a teardown barrier once turned every exception into
 a 30-minute hang): each rank writes its own part, ``<name>.rank-<r>.json``, atomically, when it
@@ -99,25 +102,29 @@ class Recorder:
         self.merge = merge
         self.steps: deque[list] = deque(maxlen=keep_steps)  # the events of finished steps
         self.current: list = []  # (name, category, lane, start s, end s, step, args): the step in progress
+        # Per finished step, from the activity's StepTimes (the table's and ranks.csv's source): [step, start s,
+        # end s, data ms, sync ms, step ms]. A ring's optimizer step ends a step (Activity.step_ends); a Horovod
+        # script's optimizer span does where no ring reports (its steps then have no times).
+        self.step_times: deque[list] = deque(maxlen=keep_steps)
         self.step = 0
         self.dropped = 0
         self._open: tuple[str, float] | None = None  # the main thread's phase and when it began
-        self._loader_steps = False  # a ring loader marks steps; else each optimizer step ends one
         self.closed = False
         atexit.register(self._at_exit)
 
     # --- from Activity, on the main thread ------------------------------------------------
     def enter(self, phase: str, now: float) -> None:
         self._close_phase(now)
-        if phase == "data":  # a training loader fetches the next batch: a new step
-            self._loader_steps = True
-            self._next_step()
         self._open = (phase, now)
 
     def leave(self, phase: str) -> None:
         self._close_phase(time.time())
-        if phase == "optimizer" and not self._loader_steps:
-            self._next_step()
+
+    def step_done(self, data_ms: float, sync_ms: float, step_ms: float) -> None:
+        """A ring's optimizer step ended the step (its StepTimes figures): the next events are the next step's."""
+        end = time.time()
+        self.step_times.append([self.step, end - step_ms / 1e3, end, data_ms, sync_ms, step_ms])
+        self._next_step()
 
     def collective(self, what: str, started: float) -> None:
         self.current.append((what, "collective", MAIN, started, time.time(), self.step, None))
@@ -158,7 +165,9 @@ class Recorder:
         path = part_path(self.folder, self.name, self.rank)
         _write_json(path, {"format": "ringtrain-timeline-part/1", "rank": self.rank, "world_size": self.world_size,
                            "job": self.job, "host": socket.gethostname(), "pid": os.getpid(),
-                           "dropped_steps": self.dropped, "events": self.events()})
+                           "dropped_steps": self.dropped, "events": self.events(),
+                           "step_times": list(self.step_times),
+                           "times": self.activity.times.summary() if self.activity is not None else {}})
         return path
 
     def _at_exit(self) -> None:
@@ -205,6 +214,8 @@ class _Span:
     def __exit__(self, *exc: Any) -> None:
         if self.phase is not None:
             self.recorder.leave(self.phase)
+            if self.phase == "optimizer":  # no ring reports this script's steps: its optimizer step ends one
+                self.recorder._next_step()
 
 
 def start(target: str, rank: int, world_size: int, job: str, activity: Activity, **options: Any) -> Recorder:
@@ -285,9 +296,15 @@ def comm_hook(hook: Callable | None, recorder: Recorder | None) -> Callable | No
 # --- merging ----------------------------------------------------------------------------------
 def _valid_part(data: Any) -> bool:
     """A part is untrusted input (docs/architecture.md, principle 12): its shape is checked before it is used."""
+    number = (int, float)
     return (isinstance(data, dict) and isinstance(data.get("rank"), int) and isinstance(data.get("events"), list)
             and all(isinstance(e, list) and len(e) == 7 and isinstance(e[0], str) and isinstance(e[2], int)
-                    and isinstance(e[3], (int, float)) and isinstance(e[4], (int, float)) for e in data["events"]))
+                    and isinstance(e[3], number) and isinstance(e[4], number) for e in data["events"])
+            and isinstance(data.get("step_times", []), list)
+            and all(isinstance(t, list) and len(t) == 6 and all(isinstance(v, number) for v in t)
+                    for t in data.get("step_times", []))
+            and isinstance(data.get("times", {}), dict)
+            and all(isinstance(k, str) and isinstance(v, number) for k, v in data.get("times", {}).items()))
 
 
 def read_parts(folder: str, name: str, job: str | None = None) -> dict[int, dict]:
