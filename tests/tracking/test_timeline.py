@@ -176,3 +176,45 @@ def test_memory_is_bounded_and_missing_ranks_are_named(tmp_path, capsys):
     assert "no part from rank(s) 1" in capsys.readouterr().err
     assert load(tmp_path / "timeline.json")["traceEvents"]
     assert timeline.main([str(tmp_path / "nothing-here")]) == 2
+
+
+def synthetic_part(steps: int = 3) -> dict:
+    """One rank's part, by hand: each 100 ms step fetches, computes forward and backward, and its one bucket's
+    all-reduce starts when backward computed its last gradient (so none of it is hidden) and ends 8 ms later, inside
+    backward (DDP waits for it there); the last step holds an evaluation (a phase of its own colour)."""
+    events, step_times = [], []
+    for i in range(steps):
+        t = 0.1 * i
+        events += [["data", "phase", 0, t, t + 0.005, i, None], ["forward", "phase", 0, t + 0.005, t + 0.02, i, None],
+                   ["backward", "phase", 0, t + 0.02, t + 0.06, i, None],
+                   ["all-reduce bucket 0", "allreduce", 1, t + 0.05, t + 0.058, i,
+                    {"bucket": 0, "bytes": 400, "hook": "allreduce_hook"}],
+                   ["optimizer", "phase", 0, t + 0.06, t + 0.065, i, None]]
+        step_times.append([i, t, t + 0.1, 5.0, 45.0, 100.0])
+    events.append(["evaluation", "phase", 0, 0.1 * steps - 0.03, 0.1 * steps - 0.01, steps - 1, None])
+    return {"rank": 0, "world_size": 1, "events": events, "step_times": step_times,
+            "times": {"steps": float(steps), "total_data": 5.0 * steps, "total_sync": 45.0 * steps,
+                      "total_step": 100.0 * steps, "data": 5.0, "sync": 45.0, "step": 100.0}}
+
+
+def test_the_gantt_names_every_colour_it_uses_and_draws_the_wait_the_bars_count():
+    """Issue 33, item 8: the Gantt drew a yellow phase (an evaluation) that its picture's legend did not name, and
+    backward's green bar ran under the buckets' all-reduce while the bars above said "0 % hidden under backward"."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    from ringtrain.tracking.timeline_plot import COLORS, figure
+
+    parts = {0: synthetic_part()}
+    stats = summary(parts)[0]
+    assert stats["hidden_pct"] == 0.0 and stats["all-reduce, not hidden"] == pytest.approx(8.0)
+    assert stats["steps"] == 3 and stats["step"] == pytest.approx(100.0) and stats["table"]["steps"] == 3
+    fig = figure(parts)
+    _, gantt = fig.axes
+    drawn = {to_hex(p.get_facecolor()) for p in gantt.patches}
+    named = {to_hex(h.get_facecolor()) for h in gantt.get_legend().legend_handles}
+    assert COLORS["evaluation"] in drawn and drawn <= named, drawn - named
+    waits = [p for p in gantt.patches if to_hex(p.get_facecolor()) == COLORS["all-reduce, not hidden"]
+             and abs(p.get_y() + p.get_height() / 2) < 0.3]  # on rank 0's main-thread lane
+    assert sum(p.get_width() for p in waits) == pytest.approx(3 * 8.0)  # ms: each step's wait, as the bars count it
+    plt.close(fig)

@@ -182,6 +182,18 @@ def _label(row: dict) -> str:
 
 
 def timeline_png(parts: dict[int, dict], path: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig = figure(parts)
+    tmp = f"{path}.tmp-{os.getpid()}.png"
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def figure(parts: dict[int, dict]):
+    """The picture as a matplotlib Figure (the caller saves and closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed: CI machines and ssh sessions have none
@@ -254,11 +266,7 @@ def timeline_png(parts: dict[int, dict], path: str) -> str:
                  frameon=False,
                  ncol=min(len(keys), 5), bbox_to_anchor=(0.5, -0.28))
     fig.tight_layout()
-    tmp = f"{path}.tmp-{os.getpid()}.png"
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return fig
 
 
 def _window(parts: dict[int, dict]) -> tuple[float, float]:
