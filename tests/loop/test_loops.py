@@ -179,6 +179,37 @@ def test_a_boundary_no_step_followed_raises():
         ring.backward(F.cross_entropy(model(_batch(1)[0]), _batch(1)[1]))
 
 
+def test_a_steps_loop_whose_optimizer_the_ring_does_not_know_is_refused_not_run_for_ever():
+    """ring.steps counts optimizer steps: an optimizer made after ring.setup(model), never given to it, ended no
+    step and the loop yielded step 0 for ever (found trying a script as a user writes it)."""
+    ring = rt.Ring()
+    model = ring.setup(_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(rt.RingtrainError, match=r"(?s)ring.setup was given no optimizer.*repeat for ever.*HINT.*"
+                                                r"ring.setup\(model, optimizer\)"):
+        for step in ring.steps(5):
+            assert step == 0
+            ring.backward(F.cross_entropy(model(_batch(step)[0]), _batch(step)[1]))
+            opt.step()
+            opt.zero_grad()
+
+
+def test_periodic_saves_with_an_optimizer_the_ring_does_not_know_are_refused(tmp_path):
+    """save_every counts optimizer steps: with no optimizer given to ring.setup no checkpoint was ever written."""
+    ring = rt.Ring(checkpoint_dir=str(tmp_path / "ck"), save_every=2)
+    model = ring.setup(_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = ring.loader(torch.utils.data.TensorDataset(torch.randn(24, 4), torch.randint(0, 2, (24,))),
+                         batch_size=4)
+    with pytest.raises(rt.RingtrainError, match=r"(?s)save_every=2.*no optimizer.*ran 1 time.*HINT"):
+        for _ in ring.epochs(1):
+            for x, y in loader:
+                ring.backward(F.cross_entropy(model(x), y))
+                opt.step()
+                opt.zero_grad()
+    assert not [n for n in os.listdir(tmp_path / "ck") if n.startswith("step-")]
+
+
 def test_accumulate_is_set_from_the_world_size_before_training_and_not_after():
     ring = rt.Ring()
     model = _model()

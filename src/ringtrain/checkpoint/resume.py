@@ -182,6 +182,13 @@ class Resumer(StateFiles):
         if self._pending_rng is not None:
             rng.restore_rng(self._pending_rng)
             self._pending_rng = None
+        if self.step.save_every and self.step.backwards and not self.held.optimizers:
+            raise RingtrainError(
+                f"Ring(save_every={self.step.save_every}) saves every {self.step.save_every} optimizer steps, but "
+                f"ring.setup was given no optimizer: ring.backward ran {self.step.backwards} time(s) and ringtrain saw "
+                "no step, so no periodic checkpoint would ever be written",
+                "give the optimizer to ring.setup and step that one: `model, optimizer = ring.setup(model, "
+                "optimizer)`.")
         preemption = self.held.preemption
         # Every rank asks at every safe point but a late one (the agreement is a collective); it acts between
         # windows only, so the checkpoint holds no half-accumulated step.

@@ -51,6 +51,12 @@ def steps(held: Held, saves: SafePoints, n: int) -> Iterator[int]:
             break
         before = (step.backwards, step.optimizer_steps, step.micro)
         yield step.optimizer_steps
+        if not held.optimizers and step.optimizer_steps == before[1]:
+            raise RingtrainError(
+                f"ring.steps({n}) counts optimizer steps, but ring.setup was given no optimizer: ringtrain sees no "
+                f"step end, so step {step.optimizer_steps} would repeat for ever",
+                "give the optimizer to ring.setup and step that one: `model, optimizer = ring.setup(model, "
+                "optimizer)`.")
         if (step.backwards, step.optimizer_steps, step.micro) == before:
             raise RingtrainError(
                 f"an iteration of ring.steps({n}) took no step: no ring.backward and no optimizer.step() ran in it "
