@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+from typing import Any
 
 from .nodes import callee_name, identifiers, is_const
 
@@ -107,3 +108,16 @@ def seeded_alike(script, seeders: tuple[str, ...] = SEEDERS) -> bool:
             if not any(RANKISH.search(n.lower()) for a in call.args for n in identifiers(a)):
                 return True
     return False
+
+
+def rank_guard(script: Any, node: ast.AST, depth: int = 3) -> tuple[bool | None, list[int]]:
+    """``script.guarded(node, ...)`` with a rank check as the guard, and the lines of the checks it met."""
+    lines: list[int] = []
+
+    def one_rank(test: ast.AST) -> bool:
+        if singles_out_one_rank(test):
+            lines.append(test.lineno)
+            return True
+        return False
+
+    return script.guarded(node, one_rank, depth=depth), lines

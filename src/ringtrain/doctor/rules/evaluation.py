@@ -27,7 +27,7 @@ import ast
 from collections.abc import Iterator
 
 from ..nodes import callee_name, dotted, is_const, keyword, position
-from ..ranks import decorator_guards, singles_out_one_rank
+from ..ranks import decorator_guards, rank_guard, singles_out_one_rank
 from ..script import FUNCTION, LOOP, Script
 from .ring import is_ring, setup_models
 from .shards import Sharding
@@ -330,16 +330,9 @@ def _parting(script: Script, node: ast.AST, depth: int = 3) -> list[tuple[ast.AS
     fn = script.function_of(node)
     if fn is script.tree or isinstance(fn, ast.Lambda):
         return None
-    lines: list[int] = []
-
-    def one_rank(test: ast.AST) -> bool:
-        if singles_out_one_rank(test):
-            lines.append(test.lineno)
-            return True
-        return False
-
     # `if rank != 0: return` before it, or @rank_zero_only: the others leave the function at once
-    if script.guarded(node, one_rank, depth=0):
+    guarded, lines = rank_guard(script, node, depth=0)
+    if guarded:
         line = lines[0] if lines else next((d.lineno for d in fn.decorator_list if decorator_guards(d)), fn.lineno)
         return [(_statement(script, c), line, []) for c in _calls_of(script, fn)] or None
     if depth == 0:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from ..names import FSDP1_CLASS
 from ..nodes import callee_name, dotted, is_const, keyword, position
-from ..ranks import mentions_a_rank, per_rank_path, singles_out_one_rank
+from ..ranks import mentions_a_rank, per_rank_path, rank_guard, singles_out_one_rank
 from ..script import Script
 from .shards import Sharding, related
 
@@ -73,15 +73,8 @@ def optimizer_before_shard(script: Script) -> Iterator[tuple]:
 def _rank_check(script: Script, call: ast.Call) -> int:
     """The line of the rank-0 check that keeps ``call`` off the other ranks; 0 when every rank runs
     it, or when the ``else`` of that check runs its twin there."""
-    lines: list[int] = []
-
-    def one_rank(test: ast.AST) -> bool:
-        if singles_out_one_rank(test):
-            lines.append(test.lineno)
-            return True
-        return False
-
-    if script.guarded(call, one_rank) is not True:
+    guarded, lines = rank_guard(script, call)
+    if guarded is not True:
         return 0
     for branch, in_body in script.branches_around(call):
         if isinstance(branch, ast.If) and singles_out_one_rank(branch.test):
