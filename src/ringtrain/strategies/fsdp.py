@@ -176,7 +176,15 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
                 else:
                     broadcast(t.data)
         self.units = _units.choose(module, self.wrap)
+        full = _full_precision_norms(module, dtype)
+        for name in full:  # leaves first: fully_shard goes bottom-up
+            fully_shard(module.get_submodule(name), mesh=mesh, reshard_after_forward=self.reshard_after_forward,
+                        mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
+                                                       output_dtype=dtype),
+                        offload_policy=offload)
         for name in self.units:
+            if name in full:
+                continue
             fully_shard(module.get_submodule(name), mesh=mesh, reshard_after_forward=self.reshard_after_forward,
                         mp_policy=inner, offload_policy=offload)
         # The model's own unit is needed again as soon as backward starts: keep it gathered (torch's default).
@@ -243,3 +251,24 @@ def _no_gradient_sync(module: nn.Module):
         yield
     finally:
         module.set_requires_gradient_sync(True)
+
+
+
+def _full_precision_norms(module: nn.Module, dtype: Any) -> list[str]:
+    """Under bf16, BatchNorm layers compute in float32 (as FSDP1's MixedPrecision does by default): their running
+    statistics are float32 buffers, and the CPU kernel refuses bf16 weights beside them ("expected scalar type
+    BFloat16 but found Float"). Those with parameters become units of their own that take float32 in and give
+    ``dtype`` out (their names, leaves first); those without get the same casts from hooks here."""
+    if dtype is not torch.bfloat16:
+        return []
+    names = []
+    for name, sub in module.named_modules():
+        if not name or not isinstance(sub, nn.modules.batchnorm._BatchNorm):
+            continue
+        if any(True for _ in sub.parameters(recurse=False)):
+            names.append(name)
+        else:
+            sub.register_forward_pre_hook(lambda _m, args: tuple(
+                a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
+            sub.register_forward_hook(lambda _m, _args, out: out.to(dtype))
+    return sorted(names, key=lambda n: -n.count("."))
