@@ -9,6 +9,7 @@ Prints held-out accuracy (every sample evaluated exactly once across ranks), sav
 checkpoint that plain PyTorch can load: torch.load(path)["model"], and logs the loss
 (averaged over the ranks) and the accuracy into OUT/log: metrics.csv, TensorBoard event
 files when tensorboard is installed, and the pictures `ringtrain plot OUT/log` draws.
+Needs scikit-learn (the digits) and, for the pictures, matplotlib: pip install "ringtrain[bench]".
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ def main() -> None:
 
         try:
             ring.print("pictures: " + ", ".join(plot(os.path.join(args.out, "log"))))
-        except ImportError:  # matplotlib is the bench extra's
-            ring.print(f"for pictures: pip install matplotlib; ringtrain plot {os.path.join(args.out, 'log')}")
+        except rt.RingtrainError as e:  # no matplotlib: the message names the extra that brings it
+            ring.print(f"no pictures: {e}")
 
 
 if __name__ == "__main__":

@@ -2,13 +2,18 @@
 
 Every user-facing error says what was asked, what was found, and ends with
 ``HINT: <what to do>`` (docs/architecture.md, "Principles"). A command line's own mistakes (an unknown
-flag, a missing value) are worded the same way: ``HintingParser``.
+flag, a missing value) are worded the same way: ``HintingParser``. A part that needs a package ringtrain does
+not install by itself (matplotlib for pictures, scikit-learn for the digits, tensorboard) says which extra
+brings it: ``missing_extra`` / ``import_extra``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import sys
+from types import ModuleType
 
 
 class RingtrainError(RuntimeError):
@@ -25,6 +30,43 @@ def one_line(error: BaseException, limit: int = 500) -> str:
     (the rest of a long message, torch's advice included, is for the traceback)."""
     lines = str(error).strip().splitlines()
     return (f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__)[:limit]
+
+
+# The extras of pyproject.toml's [project.optional-dependencies] that ringtrain's optional parts name, and the
+# package each brings for a module (tests/test_errors.py checks both against pyproject.toml and every command).
+EXTRA_PACKAGES = {"matplotlib": "matplotlib", "sklearn": "scikit-learn", "tensorboard": "tensorboard"}
+
+
+def missing_extra(module: str, extra: str, what: str) -> RingtrainError | None:
+    """None when ``module`` can be imported; else the error that names the extra bringing it. Only looks
+    (``find_spec``, no import): what a command asks before it starts work that would need the module."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that fails, or a module set to None
+        found = False
+    return None if found else _extra_error(module, extra, what)
+
+
+def import_extra(module: str, extra: str, what: str) -> ModuleType:
+    """``import module``; when it is not installed (or does not import), the error that names the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise _extra_error(module, extra, what, e) from e
+
+
+def extra_hint(module: str, extra: str) -> str:
+    """``pip install "ringtrain[plot]" (it brings matplotlib; or pip install matplotlib).``"""
+    top = module.split(".")[0]
+    package = EXTRA_PACKAGES.get(top, top)
+    return f'pip install "ringtrain[{extra}]" (it brings {package}; or pip install {package}).'
+
+
+def _extra_error(module: str, extra: str, what: str, error: ImportError | None = None) -> RingtrainError:
+    top = module.split(".")[0]
+    absent = error is None or isinstance(error, ModuleNotFoundError) and error.name in (top, module)
+    found = "is not installed" if absent else f"does not import ({one_line(error)})"
+    return RingtrainError(f"{what} needs {EXTRA_PACKAGES.get(top, top)}, which {found}", extra_hint(module, extra))
 
 
 class HintingParser(argparse.ArgumentParser):

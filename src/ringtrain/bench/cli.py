@@ -69,9 +69,8 @@ import os
 import sys
 import tempfile
 
-from ..errors import RingtrainError
-from .modes import COMPRESSED, MODES
-from .workloads import WITH_BATCHNORM, WORKLOADS
+from ..errors import RingtrainError, missing_extra
+from .names import COMPRESSED, EXTRA, MODES, WITH_BATCHNORM, WORKLOADS
 
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 # CPUs have no float16 arithmetic: torch emulates it, 10-30x slower than fp32 (measured here), so
@@ -175,10 +174,7 @@ def _main(args: argparse.Namespace) -> int:
                                  "the loopback --link shapes: use --link with CPU ranks (--device cpu).")
     if args.comm:
         return _comm(args, defaults)
-    import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise RingtrainError("--device cuda was asked for, but torch sees no CUDA device", "use --device auto or cpu.")
+    # What the command line alone decides is checked before torch loads (seconds on a loaded machine).
     if args.data is not None:
         if args.preset is None and args.workload != "cifar-resnet18":
             raise RingtrainError(f"--data was given for --workload {args.workload}",
@@ -188,37 +184,54 @@ def _main(args: argparse.Namespace) -> int:
             raise RingtrainError(f"--data {args.data!r} has no CIFAR-100 'train' file",
                                  "point --data at the extracted 'cifar-100-python' folder (it holds 'train' and "
                                  "'test'); nothing is downloaded.")
+    if args.preset == "gpu" and args.sync_bn:
+        raise RingtrainError("--sync-bn with --preset gpu", "the GPU preset measures one process per GPU "
+                             "configuration without it; drop --sync-bn, or use --workload cifar-resnet18 --sync-bn.")
+    if args.preset is None and args.sync_bn and args.workload not in WITH_BATCHNORM:
+        raise RingtrainError(f"--sync-bn with --workload {args.workload}: its model has no BatchNorm layer, so there "
+                             "is nothing to synchronise",
+                             f"use a workload with BatchNorm ({', '.join(WITH_BATCHNORM)}; cifar-resnet18 is seed "
+                             "004's ResNet-18), or drop --sync-bn.")
+    modes = _list(args.modes, "modes", MODES)
+    if args.precision is not None:
+        _list(args.precision, "precision", PRECISIONS)
+    nprocs = _list(args.nprocs or defaults["nprocs"], "nprocs", cast=int)
+    if min(nprocs) < 1:
+        raise RingtrainError(f"--nprocs {args.nprocs}", "process counts are positive, e.g. --nprocs 1,2.")
+    if args.preset is None and args.workload == "digits-cnn":
+        lacking = missing_extra("sklearn", EXTRA, "--workload digits-cnn (scikit-learn's real digits)")
+        if lacking is not None:
+            raise lacking
+    picture = missing_extra("matplotlib", EXTRA, "throughput.png")
+    if picture is not None:  # said now, not after the runs: the rest of the results do not need it
+        print(f"ringtrain bench: {picture.message}: the tables, results.csv and results.json come without it\n"
+              f"HINT: {picture.hint}", file=sys.stderr, flush=True)
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise RingtrainError("--device cuda was asked for, but torch sees no CUDA device", "use --device auto or cpu.")
     gpus = args.device != "cpu" and torch.cuda.is_available()
     if args.link is not None and gpus:
         raise RingtrainError("--link on a machine with GPUs: the bench would train its ranks on them with NCCL, "
                              "which does not go through the loopback --link shapes", "add --device cpu.")
     default_precision = defaults["precision"] or ("32,bf16-mixed,16-mixed" if gpus else "32,bf16-mixed")
     precisions = _list(args.precision or default_precision, "precision", PRECISIONS)
-    nprocs = _list(args.nprocs or defaults["nprocs"], "nprocs", cast=int)
-    if min(nprocs) < 1:
-        raise RingtrainError(f"--nprocs {args.nprocs}", "process counts are positive, e.g. --nprocs 1,2.")
     repeats = args.repeats or defaults["repeats"]
     warmup = args.warmup if args.warmup is not None else defaults["warmup"]
     if args.preset == "gpu":
-        if args.sync_bn:
-            raise RingtrainError("--sync-bn with --preset gpu", "the GPU preset measures one process per GPU "
-                                 "configuration without it; drop --sync-bn, or use --workload cifar-resnet18 --sync-bn.")
-        return _gpu(args, precisions, nprocs, repeats, warmup)
-    if args.sync_bn and args.workload not in WITH_BATCHNORM:
-        raise RingtrainError(f"--sync-bn with --workload {args.workload}: its model has no BatchNorm layer, so there "
-                             "is nothing to synchronise",
-                             f"use a workload with BatchNorm ({', '.join(WITH_BATCHNORM)}; cifar-resnet18 is seed "
-                             "004's ResNet-18), or drop --sync-bn.")
+        return _gpu(args, precisions, nprocs, repeats, warmup, picture is None)
     # the measuring modules import torch and matplotlib: --help and argument errors answer before them
     from . import plot, report, runner, stats
 
     cfg = runner.Config(
-        workload=args.workload, modes=_list(args.modes, "modes", MODES), precisions=precisions, nprocs=nprocs,
+        workload=args.workload, modes=modes, precisions=precisions, nprocs=nprocs,
         epochs=None if args.steps else (args.epochs or defaults["epochs"]), steps=args.steps, batch_size=args.batch_size,
         accumulate=args.accumulate, repeats=repeats, warmup=warmup, quick=args.quick, width=args.width,
         samples=args.samples, data=args.data, device=args.device, threads=args.threads_per_rank,
         timeout=args.timeout, progress=not args.no_progress, sync_bn=args.sync_bn,
     )
+    if not gpus:
+        _say_how_long(cfg)
     from .netlink import inside  # --link shapes a private network namespace (Linux, root) only when given
 
     with tempfile.TemporaryDirectory(prefix="ringtrain-bench-") as scratch, inside(args.link):
@@ -229,12 +242,59 @@ def _main(args: argparse.Namespace) -> int:
     print(report.table(rows, meta), flush=True)
     print("\n" + report.seed_table(rows, meta), flush=True)
     paths = report.write_all(rows, meta, result["records"], args.out)
-    paths.append(plot.throughput_png(rows, meta, f"{args.out}/throughput.png"))
+    if picture is None:
+        paths.append(plot.throughput_png(rows, meta, f"{args.out}/throughput.png"))
     print(f"\nwrote {', '.join(paths)}")
     return 1 if any(r["status"] == "failed" for r in rows) else 0
 
 
-def _gpu(args: argparse.Namespace, precisions: list[str], nprocs: list[int], repeats: int, warmup: int) -> int:
+def _estimate(cfg) -> tuple[float, int, int, int]:
+    """(seconds, runs, optimizer steps per run, global batch) of the bench ``cfg`` on this machine's CPU (bench/estimate.py)."""
+    import torch
+
+    from ..launcher.env_info import usable_cpus  # the cores the ranks share (torch-free; here with the rest)
+    from . import estimate, runner  # torch: only for a bench that is about to run
+    from .modes import precision_problem
+
+    wl = cfg.build_workload()
+    launches, _ = runner.plan(cfg)
+    timed = cfg.steps or cfg.epochs * (len(wl.train) // wl.global_batch)
+    precisions = [p for p in cfg.precisions if not precision_problem(p, torch.device("cpu"))]
+    per_sample = {p: estimate.seconds_per_sample(wl, p, cfg.threads) for p in precisions}
+    seconds = estimate.total_seconds(wl, launches, precisions, cfg.repeats, cfg.warmup, timed, per_sample,
+                                     usable_cpus())
+    runs = sum(len(modes) for modes in launches.values()) * len(precisions) * cfg.repeats
+    return seconds, runs, cfg.warmup + timed, wl.global_batch
+
+
+def _say_how_long(cfg) -> None:
+    """Before the first process starts: about how long this bench takes here, and its quick form when long."""
+    import dataclasses
+
+    from . import estimate  # torch: only for a bench that is about to run
+
+    seconds, runs, steps, batch = _estimate(cfg)
+    said = (f"ringtrain bench: {runs} runs of {steps} optimizer steps (global batch {batch}): "
+            f"{estimate.words(seconds)} on this machine, going by one step timed here.")
+    if seconds < estimate.LONG_S:
+        print(said, file=sys.stderr, flush=True)
+        return
+    if cfg.quick:
+        hint = "fewer --modes, --nprocs or --repeats, or --steps N, make it shorter."
+    else:
+        # the command the HINT gives: QUICK's sizes, every default mode
+        quick = _estimate(dataclasses.replace(
+            cfg, quick=True, epochs=QUICK["epochs"], repeats=QUICK["repeats"], warmup=QUICK["warmup"],
+            precisions=_list(QUICK["precision"], "precision", PRECISIONS), nprocs=_list(QUICK["nprocs"], "nprocs", cast=int),
+            modes=[m for m in MODES if m not in COMPRESSED], width=None, samples=None, batch_size=None, steps=None))[0]
+        hint = (f"for a first look, `ringtrain bench --workload {cfg.workload} --quick` takes "
+                f"{estimate.words(quick)} here (a smaller model and data set, fewer repeats); or fewer --modes, "
+                "--nprocs or --repeats, or --steps N.")
+    print(f"{said} It starts now (Ctrl-C stops it).\nHINT: {hint}", file=sys.stderr, flush=True)
+
+
+def _gpu(args: argparse.Namespace, precisions: list[str], nprocs: list[int], repeats: int, warmup: int,
+         picture: bool) -> int:
     from . import gpu, report  # torch and CUDA: only for --preset gpu
 
     gpu.require_cuda()  # before anything else: the clear error on a machine without CUDA
@@ -244,19 +304,20 @@ def _gpu(args: argparse.Namespace, precisions: list[str], nprocs: list[int], rep
     rows, meta = gpu.run_preset(opts)
     print(gpu.preset_table(rows, meta), flush=True)
     paths = report.write_all(rows, meta, [], args.out, columns=list(rows[0]) if rows else [])
-    paths.append(gpu.preset_png(rows, meta, f"{args.out}/throughput.png"))
+    if picture:
+        paths.append(gpu.preset_png(rows, meta, f"{args.out}/throughput.png"))
     print(f"\nwrote {', '.join(paths)}")
     return 1 if any(r["images_per_s"] is None and not str(r["error"]).startswith("SKIPPED") for r in rows) else 0
 
 
 def _comm(args: argparse.Namespace, defaults: dict) -> int:
-    from . import comm, report  # torch: only for --comm
-
     if args.preset is not None:
         raise RingtrainError("--comm with --preset gpu", "--comm measures Gloo all-reduce on CPU ranks; drop --preset.")
     nprocs = _list(args.nprocs or "2", "nprocs", cast=int)
     if min(nprocs) < 2:
         raise RingtrainError(f"--nprocs {args.nprocs} with --comm", "an all-reduce needs at least 2 processes.")
+    from . import comm, report  # torch: only for --comm, once its arguments are known to be good
+
     rows, meta = comm.run(nprocs, comm.QUICK_SIZES if args.quick else comm.SIZES,
                           args.warmup if args.warmup is not None else 2, 0.25 if args.quick else 1.0,
                           args.threads_per_rank, args.timeout, args.link)

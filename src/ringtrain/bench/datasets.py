@@ -13,19 +13,13 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from ..errors import RingtrainError
+from ..errors import RingtrainError, import_extra
+from .names import EXTRA
 
 
 def digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
     """scikit-learn's 1,797 real 8x8 handwritten digits, split into train and held-out test."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as e:
-        raise RingtrainError(
-            "the digits data set needs scikit-learn, which is not installed",
-            "pip install scikit-learn (or `pip install -e '.[dev]'`).",
-        ) from e
-    data = load_digits()
+    data = import_extra("sklearn.datasets", EXTRA, "the digits data set").load_digits()
     x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
     x = (x - 0.5) / 0.5
     y = torch.tensor(data.target, dtype=torch.long)

@@ -31,9 +31,10 @@ import torch.nn.functional as F
 
 import ringtrain as rt
 
-from ..errors import RingtrainError
+from ..errors import RingtrainError, import_extra
 from ..loop.precision import bf16_problem
 from .datasets import cifar100
+from .names import EXTRA
 from .workloads import _resnet18
 
 # Dense (no sparsity) bf16 tensor-core peak, TFLOP/s, from the vendors' data sheets; first match wins.
@@ -280,8 +281,7 @@ def preset_table(rows: list[dict], meta: dict) -> str:
 
 
 def preset_png(rows: list[dict], meta: dict, path: str) -> str:
-    import matplotlib
-
+    matplotlib = import_extra("matplotlib", EXTRA, "throughput.png")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -36,11 +36,9 @@ import ringtrain as rt
 
 from ..errors import RingtrainError
 from ..loop.precision import bf16_problem
+from .names import COMPRESSED, MODES
 from .workloads import NO_PIPELINE, Workload
 
-MODES = ("single", "dp", "ddp", "ddp+accumulate", "ddp+bf16", "ddp+powersgd", "ddp+auto", "fsdp", "hvd", "hvd+fp16",
-         "pipeline", "raw-ddp")
-COMPRESSED = {"ddp+bf16": "bf16", "ddp+powersgd": "powersgd", "ddp+auto": "auto"}  # DDP(compression=...)
 PIPELINE_STAGES, PIPELINE_MICROBATCHES = 2, 4
 MOMENTUM = 0.9
 

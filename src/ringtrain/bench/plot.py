@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import textwrap
 
-from .modes import MODES
+from ..errors import import_extra
+from .names import EXTRA, MODES
 
 REFERENCE = "raw-ddp"
 _REASON_CHARS = 160  # a skip reason under the plot: its first words; the table has it whole
@@ -35,9 +36,9 @@ def skipped_lines(rows: list[dict]) -> list[str]:
 
 
 def throughput_png(rows: list[dict], meta: dict, path: str) -> str:
+    fig = figure(rows, meta)  # imports matplotlib, or says which extra brings it
     import matplotlib.pyplot as plt
 
-    fig = figure(rows, meta)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -46,8 +47,7 @@ def throughput_png(rows: list[dict], meta: dict, path: str) -> str:
 
 def figure(rows: list[dict], meta: dict):
     """The plot as a matplotlib Figure (the caller saves and closes it)."""
-    import matplotlib
-
+    matplotlib = import_extra("matplotlib", EXTRA, "throughput.png")
     matplotlib.use("Agg")  # no display needed: CI machines and ssh sessions have none
     import matplotlib.pyplot as plt
 

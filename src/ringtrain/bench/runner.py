@@ -257,8 +257,8 @@ def _failure_reason(error: Exception) -> str:
     return lines[0][:300] if lines else type(error).__name__
 
 
-def run(cfg: Config, journal_dir: str) -> dict:
-    """Every planned launch; returns {"meta": ..., "records": [...]} with skipped and failed entries included."""
+def plan(cfg: Config) -> tuple[dict[int, list[str]], list[dict]]:
+    """The launches the bench makes (world size -> its modes) and the records of what cannot run here."""
     cuda = torch.cuda.device_count() if cfg.device != "cpu" and torch.cuda.is_available() else 0
     batch = cfg.batch_size or workloads.default_batch(cfg.workload, cfg.quick)
     records: list[dict] = []
@@ -272,6 +272,12 @@ def run(cfg: Config, journal_dir: str) -> dict:
                             for p in cfg.precisions]
             else:
                 launches.setdefault(world, []).append(mode)
+    return launches, records
+
+
+def run(cfg: Config, journal_dir: str) -> dict:
+    """Every planned launch; returns {"meta": ..., "records": [...]} with skipped and failed entries included."""
+    launches, records = plan(cfg)
     meta: dict = {}
     for world in sorted(launches):
         pending = list(launches[world])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from .modes import MODES
+from .names import MODES
 
 
 def _median(values: list[float]) -> float:

@@ -22,10 +22,8 @@ from torch.utils.data import TensorDataset
 from ..errors import RingtrainError
 from . import datasets
 from .models import ResNet18, UNet3D
+from .names import WITH_BATCHNORM, WORKLOADS  # noqa: F401 - the bench's names live there (no torch)
 
-WORKLOADS = ("digits-cnn", "cifar-resnet18", "mlp", "unet3d")
-# The workloads whose models have BatchNorm layers: the ones --sync-bn changes.
-WITH_BATCHNORM = ("cifar-resnet18", "unet3d")
 NO_PIPELINE = {"unet3d": "the U-Net's skip connections join each level to the far end of the network, so it is "
                          "no nn.Sequential to cut into pipeline stages"}
 

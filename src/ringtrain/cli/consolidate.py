@@ -13,7 +13,8 @@ entries as saved, and ``["ringtrain"]`` the run's state, so ``ring.load(OUT.pt)`
 Memory: the whole model (and optimizer state) is held in this process's memory once.
 
 Exit status: 0 written; 1 the folder is not a complete sharded checkpoint (a missing or
-truncated shard file, no ringtrain.pt) or OUT cannot be written; 2 a usage error.
+truncated shard file, no ringtrain.pt) or OUT cannot be written; 2 a usage error (DIR does not
+exist, OUT is a folder or its folder is missing or not writable: said before torch loads).
 """
 
 from __future__ import annotations
@@ -31,12 +32,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder", metavar="DIR", help="a sharded checkpoint folder")
     parser.add_argument("out", metavar="OUT.pt", help="the plain file to write")
     args = parser.parse_args(argv)
-    from ..checkpoint import sharded  # imports torch: the usage line and argument errors come first
-
-    if not sharded.is_sharded_checkpoint(args.folder):
+    # The arguments are checked before torch loads (seconds on a loaded machine): a wrong path answers at once.
+    if not os.path.isdir(args.folder) or os.path.islink(args.folder):
         print(f"ringtrain consolidate: {args.folder!r} is not a folder\nHINT: give the folder ring.save wrote under "
               "FSDP (a plain .pt checkpoint is already consolidated).", file=sys.stderr)
         return 2 if not os.path.exists(args.folder) else 1
+    parent = os.path.dirname(os.path.abspath(args.out))
+    if os.path.isdir(args.out) or not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        what = "is a folder" if os.path.isdir(args.out) else f"cannot be written: {parent!r} is not a folder you can write to"
+        print(f"ringtrain consolidate: OUT.pt {args.out!r} {what}\nHINT: give the path of a new file in a folder that "
+              "exists, e.g. consolidated.pt.", file=sys.stderr)
+        return 2
+    from ..checkpoint import sharded  # imports torch: only once the arguments are known to be good
+
     try:
         tree = sharded.consolidate(args.folder, args.out)
     except RingtrainError as e:

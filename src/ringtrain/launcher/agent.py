@@ -8,6 +8,7 @@ before torch loads.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -17,7 +18,7 @@ import time
 from ..liveness import procs
 from ..liveness.records import PREEMPTED_EXIT
 from ..loop import preempt
-from . import leftovers, torchrun_flags
+from . import leftovers, preflight, torchrun_flags
 from .plan import Plan
 from .ports import TORCHRUN_DEFAULT_PORT, is_loopback
 
@@ -80,13 +81,16 @@ def torchrun_args(plan: Plan, port: int):
     return args
 
 
-def _say_plan(plan: Plan, args) -> None:
+def _say_plan(plan: Plan, args, threads: tuple[int, str] | None) -> None:
     """horovodrun's --verbose: what starts, where the processes meet, the variables set for them."""
     rendezvous = f"{args.rdzv_backend} at {args.rdzv_endpoint} ({'elastic' if plan.elastic else 'fixed nodes'})"
     print(f"ringtrain run: node {plan.node_rank} of {plan.nnodes}, {plan.nproc} worker(s) running "
           f"{' '.join([plan.target, *plan.target_args])}; rendezvous {rendezvous}", file=sys.stderr)
     for key in sorted({**plan.environment, **({"RINGTRAIN_TIMELINE": plan.timeline} if plan.timeline else {})}):
         print(f"ringtrain run:   {key}={os.environ[key]}", file=sys.stderr)
+    if threads is not None:
+        print(f"ringtrain run:   OMP_NUM_THREADS={threads[0]} ({threads[1]}; set it yourself to choose)",
+              file=sys.stderr)
 
 
 def execute(plan: Plan) -> int:
@@ -131,6 +135,26 @@ def _say_when_signalled(marks: str):
         api._terminate_process_handler = original
 
     return restore
+
+
+class _SaidBetter(logging.Filter):
+    """torchelastic's lines about passing a signal on (Ctrl-C: one for the agent, one per worker) are said once by
+    ringtrain run's last line ("stopped by SIGINT; all workers on this node were stopped"): left out."""
+
+    SAID = ("Received %s death signal, shutting down workers", "Sending process %s closing signal %s")
+    LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in self.SAID
+
+    def __enter__(self) -> "_SaidBetter":
+        for name in self.LOGGERS:
+            logging.getLogger(name).addFilter(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeFilter(self)
 
 
 def _execute(plan: Plan) -> int:
@@ -183,8 +207,13 @@ def _execute(plan: Plan) -> int:
         os.environ["RINGTRAIN_TIMELINE"] = plan.timeline  # a ring (or hvd.init) in each worker records there
     os.environ.update(plan.environment)  # horovodrun's flags, as the variables it sets
     args = torchrun_args(plan, port)
+    # The workers' CPU threads, when the user has not chosen: every rank on this machine shares its cores. Set
+    # before torchrun's config_from_args, which would otherwise set 1 and print its four-line banner.
+    threads = preflight.threads_per_worker(plan, torchrun.determine_local_world_size(args.nproc_per_node))
+    if threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(threads[0])
     if plan.verbose:
-        _say_plan(plan, args)
+        _say_plan(plan, args, threads)
     # kill -USR1 on this process (ringtrain stacks): every rank prints its stack (stacks.py).
     requests = StackRequests((plan.master_addr, port), store)
     requests.install()
@@ -197,7 +226,8 @@ def _execute(plan: Plan) -> int:
     adopted, before = leftovers.adopt_orphans(), set(procs.children(os.getpid()))
     try:
         # run(), not main(): main's @record would print torchelastic's own failure summary.
-        torchrun.run(args)
+        with _SaidBetter():
+            torchrun.run(args)
     except ChildFailedError as e:
         said = report.preempted(preempt.marked(marks), e.failures)
         if said:  # every worker saved and exited 75 (loop/preempt.py): not a failure
@@ -232,6 +262,8 @@ def _execute(plan: Plan) -> int:
             master_addr=plan.master_addr, port=port, timeout=plan.timeout, error=e,
             seconds=time.monotonic() - started) from e
     finally:
+        if threads is not None:
+            os.environ.pop("OMP_NUM_THREADS", None)  # this process's environment is the caller's again
         requests.uninstall()
         if adopted:
             leftovers.stop_leftovers(before, lambda line: print(f"ringtrain run: {line}", file=sys.stderr, flush=True))

@@ -15,18 +15,23 @@ on two cores started without a word. Here:
 * ``oversubscription`` — a warning, not an error: more than ``OVERSUBSCRIBED`` workers per
   usable CPU core (or per visible GPU) is allowed, but every step then waits for the
   slowest of processes that take turns on a core.
+* ``threads_per_worker`` — ``OMP_NUM_THREADS`` for the workers when it is unset: the usable cores
+  shared by every rank this machine runs. torchrun sets 1 for more than one worker per node (and
+  prints four lines saying so), and nothing for one: two one-worker "nodes" on one 2-core machine
+  (the README's recipe) then ran 4 threads on 2 cores, 233 ms a step against 19 ms with 1 thread.
 
 Only the ``env_info`` functions look at the machine; tests replace them to play another one.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 
 from ..errors import RingtrainError
 from . import env_info
 from .plan import Plan
-from .ports import is_this_machine
+from .ports import is_loopback, is_this_machine
 
 OVERSUBSCRIBED = 4  # workers per core (or per GPU) above which ringtrain warns
 STORE_CLIENTS_PER_NODE = 3  # each node's agent: the rendezvous client and its counter (rendezvous.py), one spare
@@ -96,6 +101,24 @@ def oversubscription(plan: Plan) -> str | None:
                     f"GPUs, more than {OVERSUBSCRIBED} share each one.\n"
                     "HINT: use --nproc-per-node gpu (one worker per GPU), or ignore this for CPU (Gloo) training.")
     return None
+
+
+def threads_per_worker(plan: Plan, workers: int, environ=None) -> tuple[int, str] | None:
+    """(OMP_NUM_THREADS, why) for this node's ``workers`` when the variable is unset and more than one rank runs
+    on this machine; else None (a lone process keeps torch's own default: every core).
+
+    The ranks on this machine are this node's workers, times the nodes when the job's address is a loopback one
+    (only this machine reaches it: every node is here, as with ``-H localhost:1,127.0.0.1:1`` or two terminals)."""
+    environ = os.environ if environ is None else environ
+    if "OMP_NUM_THREADS" in environ:
+        return None
+    nodes = plan.max_nodes if is_loopback(plan.master_addr) else 1
+    ranks = workers * nodes
+    if ranks < 2:
+        return None
+    cores = env_info.usable_cpus()
+    here = f"{workers} worker(s) x {nodes} nodes on this machine" if nodes > 1 else f"{workers} workers"
+    return max(1, cores // ranks), f"{cores} usable core(s) / {here}"
 
 
 def check(plan: Plan) -> list[str]:

@@ -212,7 +212,8 @@ def native_dump_file():
 
 
 def run_to_end(call) -> tuple[int, str, BaseException | None]:
-    """Run ``call()`` (the user's code); return (exit status, how it ended, the exception that ended it)."""
+    """Run ``call()`` (the user's code); return (exit status, how it ended, the exception that ended it). The status
+    is -N for a process that is to end by signal N (Ctrl-C)."""
     # = torchelastic's @record: a native crash dumps every thread's stack (what the handler's
     # initialize() does); an exception is printed by sys.excepthook (so a ring's hook sees it).
     faulthandler.enable(file=native_dump_file(), all_threads=True)
@@ -221,13 +222,29 @@ def run_to_end(call) -> tuple[int, str, BaseException | None]:
     except SystemExit as e:
         status = exit_status(e)
         return status, (f"sys.exit({e.code!r})" if status else "process exit"), (e if status else None)
-    except KeyboardInterrupt:
-        raise  # Python's own handling: the exit status says SIGINT
+    except KeyboardInterrupt as e:
+        # Ctrl-C (torchrun's agent passes its SIGINT on to every worker): one line per rank, not a traceback
+        # through runpy and this file; the process still ends by SIGINT (finish), as Python's own handling would.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not interrupt the exit path
+        where = _where(e.__traceback__)
+        print(f"ringtrain: rank {os.environ.get('RANK', '?')} interrupted (SIGINT){where}", file=sys.stderr, flush=True)
+        return -signal.SIGINT, "interrupted (SIGINT)", None
     except BaseException as e:  # noqa: BLE001 - every failure is reported, then the process ends
         e.with_traceback(_user_frames(e.__traceback__))  # the printer reads e.__traceback__ too
         sys.excepthook(type(e), e, e.__traceback__)
         return 1, traceback.format_exception_only(type(e), e)[-1].strip()[:500], e
     return 0, "process exit", None
+
+
+def _where(tb) -> str:
+    """`` in train.py:42``: the innermost frame of the user's own code (not the launcher's, runpy's or a package's)."""
+    packages = ("site-packages", "dist-packages", os.sep + "lib" + os.sep + "python")
+    found = ""
+    for frame, line in traceback.walk_tb(_user_frames(tb)):
+        name = frame.f_code.co_filename
+        if not any(part in name for part in packages) and not name.startswith("<"):
+            found = f" in {os.path.basename(name)}:{line}"
+    return found
 
 
 def _user_frames(tb):
@@ -282,6 +299,10 @@ def finish(status: int, reason: str, error: BaseException | None) -> None:
         from ringtrain.liveness import failures  # the script has run: loading it now costs it nothing
 
         failures.stop_own_processes()  # what the script started goes with it (failures.py says why)
+    if status < 0:  # ended by a signal (-N, as subprocess says it): by that signal still, as Python would end
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+        status = 128 - status
     os._exit(status)
 
 

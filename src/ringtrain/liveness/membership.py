@@ -105,8 +105,13 @@ class Membership:
         _ACTIVE = self
 
     def _excepthook(self, kind: type, value: BaseException, tb: Any) -> None:
-        (self._previous_hook or sys.__excepthook__)(kind, value, tb)
-        if _ACTIVE is self and not self._left and not issubclass(kind, KeyboardInterrupt):
+        mine = _ACTIVE is self and not self._left and not issubclass(kind, KeyboardInterrupt)
+        # A peer's failure that reached this rank (the engine lost its connection, or it posted first) is said in
+        # one line below, not as the engine's traceback (15 lines of Gloo in every restart, issue 33); the
+        # traceback goes to the error file all the same.
+        if not (mine and self._a_peer_failed(value)):
+            (self._previous_hook or sys.__excepthook__)(kind, value, tb)
+        if mine:
             entry = self.fail(one_line(value), value)
             # Now, not at exit: a peer stopped by this post may be gone (and this rank SIGTERMed by
             # torchrun's agent) before this rank's exit path ends; the file is what names it (failures.py).
@@ -119,7 +124,17 @@ class Membership:
                       "the job cannot go on without it." + (f" Its stack:\n{entry.blame.stack}" if entry.blame.stack
                                                             else "") + (f"\n{note}" if note else ""),
                       file=sys.stderr, flush=True)
-            bound_exit()  # the atexit handlers and finalization that follow may not wait on peers
+            elif entry.cause == "peer":  # a peer's connection closed, and nobody could be named
+                print(f"ringtrain: rank {self.board.rank} stopped: a peer went away ({one_line(value)})",
+                      file=sys.stderr, flush=True)
+            bound_exit()
+
+    def _a_peer_failed(self, error: BaseException) -> bool:
+        """Did ``error`` come from a peer's failure: the engine lost a peer's connection, or a peer failed first?"""
+        if lost_a_peer(error):
+            return True
+        first = self.board.first_peer_post()
+        return first is not None and first.state in ("failed", "killed", "unreachable")  # the atexit handlers and finalization that follow may not wait on peers
 
     def fail(self, reason: str, error: BaseException | None = None) -> Post:
         """Post this rank as failed (its own error, or a consequence of a peer's post) and stop watching."""

@@ -13,11 +13,11 @@ import importlib
 import importlib.util
 from abc import ABC, abstractmethod
 
-from ..errors import RingtrainError
+from ..errors import RingtrainError, extra_hint
 
 # name -> (module with the adapter, the package it needs, the pip line that installs it)
 BACKENDS = {
-    "tensorboard": ("to_tensorboard", "tensorboard", "pip install 'ringtrain[track]' (or pip install tensorboard)"),
+    "tensorboard": ("to_tensorboard", "tensorboard", extra_hint("tensorboard", "track").rstrip(".")),
     "wandb": ("to_wandb", "wandb", "pip install wandb"),
     "mlflow": ("to_mlflow", "mlflow", "pip install mlflow-skinny (or mlflow)"),
 }

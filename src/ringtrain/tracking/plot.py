@@ -15,7 +15,10 @@ starts). Writes, into RUN_DIR (or --out):
   per-rank table computes them (the same numbers); the bands show each logging interval, the wait
   measured as the table measures it: against the rank fastest over the whole run.
 
-Exit status: 0 written; 1 RUN_DIR has no metrics.csv or it cannot be read; 2 a usage error.
+Needs matplotlib: ``pip install "ringtrain[plot]"`` (without it, the command says so and exits 1).
+
+Exit status: 0 written; 1 RUN_DIR has no metrics.csv or it cannot be read, or matplotlib is missing; 2 a usage
+error.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import math
 import os
 import sys
 
-from ..errors import HintingParser, RingtrainError
+from ..errors import HintingParser, RingtrainError, import_extra, missing_extra
 from ..liveness.stall import per_rank_stats
 from .table import read_rows
 
@@ -69,9 +72,11 @@ def run_totals(rows: list[dict[str, float | None]]) -> dict[int, dict[str, float
     return out
 
 
-def _pyplot():
-    import matplotlib
+EXTRA = "plot"  # pyproject.toml's extra that brings matplotlib
 
+
+def _pyplot():
+    matplotlib = import_extra("matplotlib", EXTRA, "drawing curves.png and ranks.png")
     matplotlib.use("Agg")  # no display needed: CI machines and ssh sessions have none
     import matplotlib.pyplot as plt
 
@@ -186,6 +191,9 @@ def plot(folder: str, out: str | None = None) -> list[str]:
     if not os.path.isfile(metrics):
         raise RingtrainError(f"{folder!r} has no metrics.csv",
                              "give the folder ring.log wrote (printed as 'ringtrain: logging to ...' when it began).")
+    lacking = missing_extra("matplotlib", EXTRA, "drawing curves.png and ranks.png")
+    if lacking is not None:
+        raise lacking
     out = out or folder
     os.makedirs(out, exist_ok=True)
     columns, rows = read_rows(metrics)

@@ -46,8 +46,9 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from ..errors import RingtrainError
+from ..errors import RingtrainError, missing_extra
 from ..liveness.activity import Activity
+from .plot import EXTRA as PLOT_EXTRA
 
 KEEP_STEPS = 1000  # steps kept in memory (and in the part) per rank: the last ones
 MAIN, GRADS = 0, 1  # thread lanes: the main thread; the gradient all-reduces
@@ -191,8 +192,17 @@ class Recorder:
             return
         if self.merge if merge is None else merge:
             parts = read_parts(self.folder, self.name, job=self.job)
-            if len(parts) >= self.world_size and all(r in parts for r in range(self.world_size)):
+            if len(parts) >= self.world_size and all(r in parts for r in range(self.world_size)) and self._wrote_last():
                 merge_parts(self.folder, self.name, parts, self.world_size, png=png)
+
+    def _wrote_last(self) -> bool:
+        """Of the ranks that find every part on disk, the one whose part was written last merges: they all see the
+        same times, so exactly one does (two ranks finishing together once both merged, and both printed)."""
+        try:
+            stamps = [(os.stat(part_path(self.folder, self.name, r)).st_mtime_ns, r) for r in range(self.world_size)]
+        except OSError:
+            return False
+        return max(stamps)[1] == self.rank
 
 
 def ended(event: list, *_: Any) -> None:
@@ -354,17 +364,27 @@ def merge_parts(folder: str, name: str, parts: dict[int, dict], world_size: int 
     world = world_size or max((p.get("world_size") or 0 for p in parts.values()), default=0)
     missing = [r for r in range(world) if r not in parts]
     note = f" (no part from rank(s) {', '.join(map(str, missing))}: they did not close)" if missing else ""
-    picture = None
-    if png:
+    picture, lacking = None, picture_lacks(folder)
+    if png and lacking is None:
         from .timeline_plot import timeline_png  # matplotlib, imported only now
 
         try:
             picture = timeline_png(parts, os.path.join(folder, f"{name}.png"))
-        except ImportError as e:  # matplotlib is optional: the trace stands alone
-            _say(f"timeline picture skipped: {e}")
-    _say(f"timeline of {len(parts)} rank(s) -> {path}" + (f", {picture}" if picture else
-                                                          f" (`ringtrain timeline {folder}` draws it)") + note)
+        except RingtrainError as e:  # matplotlib is there but does not import: the trace stands alone
+            lacking = str(e)
+    drawn = f", {picture}" if picture else f"; no picture: {lacking}" if lacking else \
+        f" (`ringtrain timeline {folder}` draws it)"
+    _say(f"timeline of {len(parts)} rank(s) -> {path}{drawn}{note}")
     return path, picture
+
+
+def picture_lacks(folder: str) -> str | None:
+    """Why ``timeline.png`` cannot be drawn here (matplotlib is missing: the trace stands alone), with the HINT
+    that brings it; None when it can."""
+    lacking = missing_extra("matplotlib", PLOT_EXTRA, "timeline.png")
+    if lacking is None:
+        return None
+    return f"{lacking.message}\nHINT: {lacking.hint.rstrip('.')}; then `ringtrain timeline {folder}` draws it."
 
 
 def merge_target(target: str, png: bool = True) -> tuple[str, str | None] | None:
@@ -381,7 +401,9 @@ def merge_after_job(target: str) -> None:
     try:
         folder, name = check_target(target, create=False)
         parts = glob.glob(os.path.join(glob.escape(folder), f"{glob.escape(name)}.rank-*.json"))
-        merged = [os.path.join(folder, f"{name}.{kind}") for kind in ("json", "png")]
+        # The picture counts only where it can be drawn: without matplotlib the rank that merged said so once.
+        kinds = ("json", "png") if missing_extra("matplotlib", PLOT_EXTRA, "timeline.png") is None else ("json",)
+        merged = [os.path.join(folder, f"{name}.{kind}") for kind in kinds]
         if not parts:
             _say(f"no timeline part in {folder}: did the script train through a ring or hvd?")
         elif not all(map(os.path.exists, merged)) or min(map(os.path.getmtime, merged)) < max(map(os.path.getmtime, parts)):

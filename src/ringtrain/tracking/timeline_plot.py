@@ -24,7 +24,9 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
+from ..errors import import_extra
 from ..liveness.stall import per_rank_stats, per_rank_summary
+from .plot import EXTRA as PLOT_EXTRA
 
 PARTS = ("data", "forward", "backward", "all-reduce, not hidden", "optimizer", "checkpoint", "collective", "other")
 COLORS = {"data": "#9c9c9c", "forward": "#4e79a7", "backward": "#59a14f", "all-reduce, not hidden": "#e15759",
@@ -182,9 +184,9 @@ def _label(row: dict) -> str:
 
 
 def timeline_png(parts: dict[int, dict], path: str) -> str:
+    fig = figure(parts)  # says which extra brings matplotlib, where it is missing
     import matplotlib.pyplot as plt
 
-    fig = figure(parts)
     tmp = f"{path}.tmp-{os.getpid()}.png"
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
@@ -194,8 +196,7 @@ def timeline_png(parts: dict[int, dict], path: str) -> str:
 
 def figure(parts: dict[int, dict]):
     """The picture as a matplotlib Figure (the caller saves and closes it)."""
-    import matplotlib
-
+    matplotlib = import_extra("matplotlib", PLOT_EXTRA, "drawing timeline.png")
     matplotlib.use("Agg")  # no display needed: CI machines and ssh sessions have none
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
