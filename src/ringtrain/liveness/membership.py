@@ -127,14 +127,14 @@ class Membership:
             elif entry.cause == "peer":  # a peer's connection closed, and nobody could be named
                 print(f"ringtrain: rank {self.board.rank} stopped: a peer went away ({one_line(value)})",
                       file=sys.stderr, flush=True)
-            bound_exit()
+            bound_exit()  # the atexit handlers and finalization that follow may not wait on peers
 
     def _a_peer_failed(self, error: BaseException) -> bool:
         """Did ``error`` come from a peer's failure: the engine lost a peer's connection, or a peer failed first?"""
         if lost_a_peer(error):
             return True
         first = self.board.first_peer_post()
-        return first is not None and first.state in ("failed", "killed", "unreachable")  # the atexit handlers and finalization that follow may not wait on peers
+        return first is not None and first.state in ("failed", "killed", "unreachable")
 
     def fail(self, reason: str, error: BaseException | None = None) -> Post:
         """Post this rank as failed (its own error, or a consequence of a peer's post) and stop watching."""
