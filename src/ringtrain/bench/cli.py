@@ -3,7 +3,8 @@
 Usage:
     ringtrain bench --quick                                   # < 3 min on a 2-core CPU: digits, every mode
     ringtrain bench --workload mlp --nprocs 1,2 --steps 30
-    ringtrain bench --workload cifar-resnet18 --precision 32,bf16-mixed --epochs 1
+    ringtrain bench --workload cifar-resnet18 --quick         # minutes on a 2-core CPU: a smaller ResNet
+    ringtrain bench --workload cifar-resnet18 --precision 32,bf16-mixed --epochs 1   # hours on a CPU: for GPUs
     ringtrain bench --workload cifar-resnet18 --data ~/data/cifar-100-python
     ringtrain bench --modes ddp,raw-ddp --repeats 7            # ringtrain's overhead vs the tutorial loop
     ringtrain bench --workload mlp --modes ddp,fsdp --nprocs 2  # sharded vs replicated: speed and peak memory
@@ -27,6 +28,10 @@ gradients all-reduced as bfloat16, as PowerSGD rank-8 factors, or as compression
 after measuring the link) run only when --modes names them. The comm/step column is the bytes
 each rank all-reduces per optimizer step. A mode that cannot run here is listed
 as SKIPPED with the reason; one that crashes as FAILED with its error.
+
+How long: on a CPU the bench times one optimizer step of the workload's model before anything starts and
+says about how long its runs will take ("about 3 min"); past 10 minutes it adds the --quick form's time and
+the flags that shorten it (bench/estimate.py), then starts. Ctrl-C stops it.
 
 Every mode trains the same global batch per optimizer step (--batch-size) and the same
 number of samples; warm-up steps are not timed; each figure is the median of --repeats

@@ -51,7 +51,8 @@ def require_cuda() -> int:
             f"--preset gpu measures CUDA GPUs, but torch {torch.__version__} sees none "
             f"(torch.version.cuda={torch.version.cuda}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})",
             "run it on a machine with an NVIDIA GPU and a CUDA build of torch; on CPUs use "
-            "`ringtrain bench --quick` or `ringtrain bench --workload cifar-resnet18 --steps 20`.",
+            "`ringtrain bench --workload cifar-resnet18 --quick` (minutes on 2 cores: a smaller ResNet on fewer images; "
+            "the full CIFAR sizes take hours to days on a CPU, as the bench says before it starts).",
         )
     return torch.cuda.device_count()
 
