@@ -36,7 +36,7 @@ import ringtrain as rt
 
 from ..errors import RingtrainError
 from ..loop.precision import bf16_problem
-from .names import COMPRESSED
+from .names import COMPRESSED, MODES  # noqa: F401 - MODES: the bench's names, read here by runner and tests
 from .workloads import NO_PIPELINE, Workload
 
 PIPELINE_STAGES, PIPELINE_MICROBATCHES = 2, 4
