@@ -107,3 +107,21 @@ def test_only_node_0_of_a_fixed_size_job_must_be_the_master(tmp_path):
     preflight.master_is_here(_plan(tmp_path, "--nnodes", "1:2", *elsewhere))  # elastic: whoever holds the address
     assert is_this_machine("127.0.0.1") and is_this_machine("localhost") and is_this_machine("[::1]")
     assert not is_this_machine("192.0.2.1")
+
+
+def test_workers_share_the_cores_of_their_machine(tmp_path, monkeypatch):
+    # Issue 33: two one-worker "nodes" on one 2-core machine each ran torch's default (every core), 233 ms a step
+    # against 19 ms with one thread each. Unset OMP_NUM_THREADS: the usable cores over the ranks on this machine.
+    monkeypatch.setattr(env_info, "usable_cpus", lambda: 8)
+    share = preflight.threads_per_worker
+    assert share(_plan(tmp_path, "--nproc-per-node", "2"), 2, environ={})[0] == 4
+    assert share(_plan(tmp_path, "--nproc-per-node", "16"), 16, environ={})[0] == 1  # never 0
+    nodes_here = _plan(tmp_path, "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--nproc-per-node", "1")
+    assert share(nodes_here, 1, environ={}) == (4, "8 usable core(s) / 1 worker(s) x 2 nodes on this machine")
+    assert share(_plan(tmp_path, "--nnodes", "1:4", "--nproc-per-node", "1"), 1, environ={})[0] == 2  # up to 4 here
+    # A lone process keeps torch's default; nodes on other machines share nothing with this one; the user's own
+    # setting stands.
+    assert share(_plan(tmp_path, "--nproc-per-node", "1"), 1, environ={}) is None
+    elsewhere = _plan(tmp_path, "--nnodes", "2", "--node-rank", "1", "--master-addr", "192.0.2.1", "--nproc-per-node", "1")
+    assert share(elsewhere, 1, environ={}) is None
+    assert share(_plan(tmp_path, "--nproc-per-node", "2"), 2, environ={"OMP_NUM_THREADS": "3"}) is None

@@ -1,0 +1,137 @@
+"""What `ringtrain run` prints around a job, as a newcomer sees it (issue 33, items 5 and 7): real launches,
+with OMP_NUM_THREADS unset (the tests' usual environment sets it to 1, which hides both the banner and the
+threads question).
+
+* no torchrun banner about OMP_NUM_THREADS; the ranks on one machine share its cores (two one-worker "nodes"
+  on one machine each ran every core's threads: 233 ms a step against 19 ms);
+* Ctrl-C: one line per rank and the launcher's summary, no KeyboardInterrupt tracebacks;
+* a restart: the failing rank's traceback, not the waiting rank's 15 lines of Gloo.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+from _launch_util import child_env, free_port, outputs, results, ringtrain_cmd, run_ringtrain, write
+
+from ringtrain.launcher import env_info
+
+pytestmark = pytest.mark.timeout(150)
+
+BANNER = "Setting OMP_NUM_THREADS environment variable"
+
+THREADS = """
+    import os, sys, torch
+    sys.stdout.write(f"RESULT rank={os.environ['RANK']} omp={os.environ.get('OMP_NUM_THREADS')} "
+                     f"threads={torch.get_num_threads()}\\n")
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = child_env()
+    env.pop("OMP_NUM_THREADS", None)
+    return {**env, **extra}
+
+
+def _shared() -> str:
+    return str(max(1, env_info.usable_cpus() // 2))
+
+
+def test_two_workers_share_the_cores_without_torchruns_banner(tmp_path):
+    proc = run_ringtrain("run", "--nproc-per-node", "2", str(write(tmp_path / "t.py", THREADS)), env=_env(),
+                         timeout=120)
+    assert proc.returncode == 0, outputs(proc)
+    assert BANNER not in proc.stderr, outputs(proc)
+    assert [(r["omp"], r["threads"]) for r in results(proc.stdout)] == [(_shared(), _shared())] * 2, outputs(proc)
+
+
+def test_the_users_own_thread_count_stands(tmp_path):
+    proc = run_ringtrain("run", "--nproc-per-node", "2", str(write(tmp_path / "t.py", THREADS)),
+                         env=_env(OMP_NUM_THREADS="3"), timeout=120)
+    assert proc.returncode == 0, outputs(proc)
+    assert [r["omp"] for r in results(proc.stdout)] == ["3", "3"], outputs(proc)
+
+
+def test_two_nodes_on_one_machine_share_its_cores(tmp_path):
+    # The README's "two nodes, tried on one machine": one command (-H), and two terminals.
+    script = str(write(tmp_path / "t.py", THREADS))
+    together = run_ringtrain("run", "-np", "2", "-H", "localhost:1,127.0.0.1:1", script, env=_env(), timeout=120)
+    assert together.returncode == 0, outputs(together)
+    assert [r["threads"] for r in results(together.stdout)] == [_shared()] * 2, outputs(together)
+    port = str(free_port())
+    nodes = [subprocess.Popen(ringtrain_cmd("run", "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
+                                            "--master-addr", "127.0.0.1", "--master-port", port, script),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+             for rank in (0, 1)]
+    try:
+        outs = [node.communicate(timeout=100) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    report = "\n".join(f"node {i} exit {n.returncode}\n{o}\n{e}" for i, (n, (o, e)) in enumerate(zip(nodes, outs)))
+    assert [n.returncode for n in nodes] == [0, 0], report
+    assert [r["threads"] for r in results(outs[0][0] + outs[1][0])] == [_shared()] * 2, report
+    assert BANNER not in outs[0][1] + outs[1][1], report
+
+
+WAITS = """
+    import os, time
+    import ringtrain as rt
+
+    ring = rt.Ring(strategy="ddp", seed=0)
+    open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"ready.{ring.rank}"), "w").close()
+    while True:
+        time.sleep(0.05)
+"""
+
+
+def test_ctrl_c_says_one_line_per_rank_and_no_traceback(tmp_path):
+    script = write(tmp_path / "train.py", WAITS)
+    proc = subprocess.Popen(ringtrain_cmd("run", "--nproc-per-node", "2", str(script)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env())
+    deadline = time.monotonic() + 100
+    while not all((tmp_path / f"ready.{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends the launcher (torchrun passes it on)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    said = f"--- exit {proc.returncode}\n{out}\n{err}"
+    assert proc.returncode == 128 + signal.SIGINT, said
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, said
+    for rank in (0, 1):
+        assert err.count(f"ringtrain: rank {rank} interrupted (SIGINT) in train.py:") == 1, said
+    assert "stopped by SIGINT" in err.splitlines()[-1], said
+    assert "death signal" not in err and "closing signal" not in err, said  # torchelastic's own lines, said better
+
+
+FAILS_ONCE = """
+    import os, torch, ringtrain as rt
+
+    ring = rt.Ring(strategy="ddp", seed=0)
+    model = torch.nn.Linear(4, 1)
+    model, opt = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    data = torch.utils.data.TensorDataset(torch.randn(400, 4), torch.randn(400, 1))
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    for epoch in ring.epochs(1):
+        for i, (x, y) in enumerate(ring.loader(data, batch_size=4)):
+            if attempt == 0 and i == 3 and ring.rank == 1:
+                raise ValueError("the first attempt fails at step 3")
+            ring.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step(); opt.zero_grad()
+"""
+
+
+def test_a_restart_shows_the_failing_ranks_traceback_only(tmp_path):
+    proc = run_ringtrain("run", "--nproc-per-node", "2", "--max-restarts", "1", str(write(tmp_path / "t.py", FAILS_ONCE)),
+                         env=_env(), timeout=120)
+    assert proc.returncode == 0, outputs(proc)
+    assert proc.stderr.count("Traceback") == 1 and "ValueError: the first attempt fails at step 3" in proc.stderr, \
+        outputs(proc)
+    # rank 0, waiting in its all-reduce, says at most one line naming the cause (when torchrun's agent has not
+    # stopped it first), never Gloo's traceback
+    assert "Connection closed by peer" not in proc.stderr and "[rank0]:" not in proc.stderr, outputs(proc)
