@@ -127,6 +127,15 @@ EXTRAS = {
 }
 
 
+# The commands that need no optional package (the README's install table says so too).
+NEEDS_NOTHING = {"env", "doctor", "stacks", "consolidate"}
+
+
+def test_every_command_that_needs_an_optional_package_is_checked():
+    checked = {what.split()[1] for what in EXTRAS if what.startswith("ringtrain ")}
+    assert checked | NEEDS_NOTHING == set(COMMANDS) and not checked & NEEDS_NOTHING
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("what", list(EXTRAS))
 def test_a_missing_optional_package_names_its_extra_once(tmp_path, what):
