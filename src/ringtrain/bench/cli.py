@@ -259,7 +259,7 @@ def _estimate(cfg) -> tuple[float, int, int, int]:
 
     from ..launcher.env_info import usable_cpus  # the cores the ranks share (torch-free; here with the rest)
     from . import estimate, runner  # torch: only for a bench that is about to run
-    from .modes import precision_problem
+    from .modes import precision_problem  # torch, as above
 
     wl = cfg.build_workload()
     launches, _ = runner.plan(cfg)

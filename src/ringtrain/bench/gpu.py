@@ -50,9 +50,9 @@ def require_cuda() -> int:
         raise RingtrainError(
             f"--preset gpu measures CUDA GPUs, but torch {torch.__version__} sees none "
             f"(torch.version.cuda={torch.version.cuda}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})",
-            "run it on a machine with an NVIDIA GPU and a CUDA build of torch; on CPUs use "
-            "`ringtrain bench --workload cifar-resnet18 --quick` (minutes on 2 cores: a smaller ResNet on fewer images; "
-            "the full CIFAR sizes take hours to days on a CPU, as the bench says before it starts).",
+            "run it on a machine with an NVIDIA GPU and a CUDA build of torch; on CPUs use `ringtrain bench --quick` "
+            "(the digits) or `ringtrain bench --workload cifar-resnet18 --quick` (a smaller ResNet on fewer images): "
+            "minutes on 2 cores, where the full CIFAR sizes take hours to days (the bench says so before it starts).",
         )
     return torch.cuda.device_count()
 
