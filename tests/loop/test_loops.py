@@ -228,6 +228,35 @@ def test_accumulate_is_set_from_the_world_size_before_training_and_not_after():
         rt.Ring(global_batch=24, accumulate=2)
 
 
+def test_a_resumed_run_sets_its_window_again(tmp_path):
+    """A run resumed by ring.setup (steps restored) may still set ring.accumulate, or have Ring(global_batch=)
+    set it at its first loader: its checkpoint was taken between windows (found by a requeued Slurm job,
+    tests/cluster/test_slurm.py). Once this process has trained, a change is refused as before."""
+    data = torch.utils.data.TensorDataset(torch.randn(48, 4), torch.randint(0, 2, (48,)))
+
+    def run(folder, stop_at_step=None):
+        ring = rt.Ring(seed=0, global_batch=8, checkpoint_dir=str(folder), save_every=2)
+        model = _model()
+        model, opt = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        loader = ring.loader(data, batch_size=4, shuffle=True)  # accumulate 2, set again when resumed
+        for _ in ring.epochs(2):
+            for x, y in loader:
+                ring.backward(F.cross_entropy(model(x), y))
+                opt.step()
+                opt.zero_grad()
+                if ring.optimizer_steps == stop_at_step:
+                    return ring, None
+        return ring, {k: v.clone() for k, v in model.state_dict().items()}
+
+    _, whole = run(tmp_path / "whole")
+    run(tmp_path / "cut", stop_at_step=5)  # the checkpoint of step 4 is what the next run resumes
+    ring, resumed = run(tmp_path / "cut")
+    assert ring.accumulate == 2 and ring.optimizer_steps == 12
+    assert all(torch.equal(resumed[name], whole[name]) for name in whole)
+    with pytest.raises(rt.RingtrainError, match="after training began"):
+        ring.accumulate = 1
+
+
 # --- what the script had, it keeps -------------------------------------------------------------
 
 @pytest.mark.parametrize("given, canonical", [

@@ -53,15 +53,18 @@ class Step:
         self.save_due = False
         self.mode: str | None = None  # "gated" or "own" (see the module docstring), once the first step shows it
         self.backwards = 0  # ring.backward calls since the last optimizer.step() of any optimizer
+        self.trained = False  # has this process trained (a backward, a step)? A resumed run has not, yet
         self.stepped_since_boundary = True
         self._drop_window = False
         self._lrs: list[float] | None = None
         self._new_window_hooks: list[Any] = []
 
     def set_k(self, k: int, what: str = "accumulate") -> None:
-        """A new window size, before the first backward (a script derives it from the world size)."""
+        """A new window size, before this process's first backward (a script derives it from the world size). A
+        resumed run sets it again after ``ring.setup`` restored its steps: checkpoints are taken between windows,
+        and a new world size may need another window for the same global batch (``Ring(global_batch=...)``)."""
         Step(k)  # the same checks as Ring(accumulate=k)
-        if self.backwards or self.micro or self.optimizer_steps or self.mode is not None:
+        if self.trained or self.backwards or self.micro or self.mode is not None:
             raise RingtrainError(
                 f"{what} was changed to {k} after training began (window of {self.k}, "
                 f"{self.optimizer_steps} optimizer step(s) taken)",
@@ -101,6 +104,7 @@ class Step:
         self.sync_now = boundary
         self.just_stepped = False
         self.backwards += 1
+        self.trained = True
         if boundary:
             self.stepped_since_boundary = False
         return divisor, boundary
@@ -161,6 +165,7 @@ class Step:
         """The optimizer took a real step; a periodic save becomes due every ``save_every`` steps."""
         self.optimizer_steps += 1
         self.just_stepped = True
+        self.trained = True
         if self.save_every and self.optimizer_steps % self.save_every == 0:
             self.save_due = True
 
