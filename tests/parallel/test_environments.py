@@ -60,6 +60,14 @@ def test_openmpi():
     assert env.default_init_method() == "tcp://node0:29400"
 
 
+def test_openmpi_node_rank_is_not_ompi_comm_world_node_rank():
+    # What Open MPI 4.1's `mpirun -np 2` on one host gave rank 1 (tests/cluster/test_mpirun.py runs it for real):
+    # OMPI_COMM_WORLD_NODE_RANK is a rank on the node, not the node's index.
+    env = detect({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                  "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_NODE_RANK": "1"}, [])
+    assert (env.name, env.rank, env.local_rank, env.local_world_size, env.node_rank) == ("openmpi", 1, 1, 2, 0)
+
+
 def test_mpich_pmi():
     env = detect({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, [])
     assert (env.name, env.rank, env.world_size, env.local_rank) == ("mpich", 1, 2, 1)

@@ -212,7 +212,10 @@ class OpenMPI:
             local_rank=_int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
             world_size=_int(environ, "OMPI_COMM_WORLD_SIZE"),
             local_world_size=local_world,
-            node_rank=_int(environ, "OMPI_COMM_WORLD_NODE_RANK", rank // max(local_world, 1)),
+            # Not OMPI_COMM_WORLD_NODE_RANK: mpirun(1) defines it as "the relative rank of this process on this
+            # node looking across ALL jobs" (a local rank; rank 1 of `mpirun -np 2` on one host has 1). Open MPI
+            # names no node index; with its default mapping (by slot) the ranks fill one node after another.
+            node_rank=rank // max(local_world, 1),
             master_addr=addr,
             master_port=port,
         )
