@@ -55,6 +55,40 @@ def outputs(proc: subprocess.CompletedProcess) -> str:
     return f"--- exit {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}"
 
 
+def stop_politely(procs: list[subprocess.Popen], grace: float = 15) -> None:
+    """SIGTERM to those still running (mpirun and ``ringtrain run`` pass it on to their ranks: none is orphaned, as
+    SIGKILL would leave them), SIGKILL ``grace`` seconds later."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        p.terminate()
+    deadline = time.monotonic() + grace
+    for p in running:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run_together(argvs: list[list[str]], envs: list[dict], timeout: float) -> list[subprocess.CompletedProcess]:
+    """Start every command (cwd: the repository), wait for all up to ``timeout`` seconds in all, and stop politely
+    whatever is still running then (the test fails with what each wrote)."""
+    procs = [subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for argv, env in zip(argvs, envs)]
+    results = []
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+            results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        stop_politely(procs)
+        raise AssertionError(f"still running after {timeout} s (stopped): {[p.args for p in procs]}") from None
+    finally:
+        stop_politely(procs)
+    return results
+
+
 class Slurm:
     """The session's cluster: its slurm.conf, and what the tests ask of it (every call with a timeout)."""
 
@@ -99,7 +133,7 @@ class Slurm:
 
     def finished(self, job_id: int, timeout: float = 300) -> dict[str, str]:
         return self.wait(job_id, lambda f: f.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
-                                                                 "NODE_FAIL", "OUT_OF_MEMORY"), timeout, poll=0.5)
+                                                                 "NODE_FAIL", "OUT_OF_MEMORY"), timeout, poll=0.2)
 
 
 def slurm_missing() -> str | None:

@@ -9,6 +9,7 @@ What the tests measured (the preemption's signal-to-exit time, ...) is printed a
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from _cluster import BASH, CLUSTER_SCRIPT, EPOCHS, REPO, TRAIN, Slurm, final_parameters, job_env, outputs, slurm_missing
+from _launch_util import child_env
 
 _MEASURED = pytest.StashKey[list]()
 
@@ -42,10 +44,12 @@ def measured(request):
 
 @pytest.fixture(scope="session")
 def bin_dir(tmp_path_factory) -> Path:
-    """``python`` and ``ringtrain`` as the example scripts call them: this test run's interpreter and ringtrain."""
+    """``python`` and ``ringtrain`` as the example scripts call them: this test run's interpreter and ringtrain (this
+    checkout's, on their own PYTHONPATH: mpirun passes on only the variables it is given with -x)."""
     folder = tmp_path_factory.mktemp("bin")
+    pythonpath = shlex.quote(child_env()["PYTHONPATH"])
     for name, tail in (("python", '"$@"'), ("ringtrain", '-m ringtrain "$@"')):
-        (folder / name).write_text(f'#!/bin/sh\nexec {sys.executable} {tail}\n')
+        (folder / name).write_text(f"#!/bin/sh\nPYTHONPATH={pythonpath} exec {shlex.quote(sys.executable)} {tail}\n")
         (folder / name).chmod(0o755)
     return folder
 

@@ -1,0 +1,33 @@
+"""Open MPI for real (issue 32): examples/cluster/mpirun.sh starts ``mpirun -np 2 python train.py``; rt.Ring() reads
+OMPI_COMM_WORLD_* and the job trains what one process trains. Skips, saying why, where mpirun is not installed."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+import pytest
+from _cluster import EPOCHS, EXAMPLES, assert_close_to, final_parameters, job_env, outputs, run_together
+from _launch_util import free_port
+
+pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None,
+                                reason="mpirun not installed: `make test-cluster` installs openmpi-bin (Debian/Ubuntu, "
+                                       "as root)")
+
+
+def _mpirun_args() -> str:
+    """Open MPI refuses root without --allow-run-as-root; --oversubscribe: 2 slots on a machine of fewer cores."""
+    return "--allow-run-as-root --oversubscribe" if os.geteuid() == 0 else "--oversubscribe"
+
+
+def test_mpirun_np_2_trains_as_one_process(bin_dir, one_process, tmp_path, measured):
+    env = job_env(bin_dir, NP="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), MPIRUN_ARGS=_mpirun_args())
+    (proc,) = run_together([["bash", str(EXAMPLES / "mpirun.sh"), "--out", str(tmp_path), "--epochs", str(EPOCHS)]],
+                           [env], timeout=240)
+    assert proc.returncode == 0, outputs(proc)
+    ranks = sorted(re.findall(r"^rank (\d+) of 2, node (\d+), started by openmpi$", proc.stdout, re.M))
+    assert ranks == [("0", "0"), ("1", "0")], outputs(proc)  # one node: rank // local size (not Open MPI's NODE_RANK)
+    assert f"done: {EPOCHS * 64} steps on 2 process(es), openmpi" in proc.stdout, outputs(proc)
+    worst = assert_close_to(final_parameters(tmp_path), one_process)
+    measured(f"mpirun -np 2 python train.py: environment openmpi, parameters within {worst:.1e} of one process")
