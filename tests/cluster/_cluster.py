@@ -115,6 +115,13 @@ class Slurm:
         assert proc.returncode == 0, outputs(proc)
         return int(proc.stdout.strip().split(";")[0])
 
+    def sbatch_wrap(self, *options: str, output: Path, env: dict | None = None) -> int:
+        """``sbatch OPTIONS --wrap COMMAND`` (the last option), from the repository's root, without waiting."""
+        *flags, command = options
+        proc = self.run("sbatch", "--parsable", f"--output={output}", *flags, "--wrap", command, timeout=30, env=env)
+        assert proc.returncode == 0, outputs(proc)
+        return int(proc.stdout.strip().split(";")[0])
+
     def job(self, job_id: int) -> dict[str, str]:
         """``scontrol show job``'s fields (MinJobAge keeps a finished job there for 10 minutes)."""
         text = self.ask("scontrol", "show", "job", str(job_id)).stdout

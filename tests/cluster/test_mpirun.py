@@ -31,3 +31,19 @@ def test_mpirun_np_2_trains_as_one_process(bin_dir, one_process, tmp_path, measu
     assert f"done: {EPOCHS * 64} steps on 2 process(es), openmpi" in proc.stdout, outputs(proc)
     worst = assert_close_to(final_parameters(tmp_path), one_process)
     measured(f"mpirun -np 2 python train.py: environment openmpi, parameters within {worst:.1e} of one process")
+
+
+@pytest.mark.cluster
+def test_mpirun_in_a_slurm_batch_job_is_open_mpi_and_trains_as_one_process(slurm, one_process, tmp_path, measured):
+    # The ranks inherit the batch shell's SLURM_PROCID=0 and SLURM_NTASKS=2: both were Slurm's rank 0 before
+    # (EADDRINUSE at the rendezvous). mpirun.sh as the batch script, as its comment submits it: NP from the job.
+    env = slurm.env(MASTER_PORT=str(free_port()), MPIRUN_ARGS=_mpirun_args())
+    job = slurm.sbatch("mpirun.sh", "--out", str(tmp_path / "run"), "--epochs", str(EPOCHS),
+                       output=tmp_path / "slurm-%j.out", options=("-N1", "-n2"), env=env)
+    fields = slurm.finished(job, timeout=240)
+    text = (tmp_path / f"slurm-{job}.out").read_text()
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), f"{fields}\n{text}"
+    # mpirun forwards both ranks' output into one file: a line may begin mid-line
+    assert sorted(re.findall(r"rank (\d+) of 2, node (\d+), started by openmpi", text)) == [("0", "0"), ("1", "0")], text
+    worst = assert_close_to(final_parameters(tmp_path / "run"), one_process)
+    measured(f"sbatch -n2 of mpirun.sh (mpirun inside the allocation): openmpi, within {worst:.1e} of one process")

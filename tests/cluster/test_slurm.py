@@ -93,3 +93,13 @@ def test_sbatch_of_the_two_node_script_trains_as_one_process(slurm, one_process,
     assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), f"{fields}\n{text}"
     assert _ranks(text, "torchelastic") == [("0", "0"), ("1", "1")], text  # one worker on each node
     assert_close_to(final_parameters(tmp_path / "run"), one_process)
+
+
+def test_python_in_the_batch_script_itself_is_refused_at_once_naming_srun(slurm, tmp_path):
+    # Without srun the batch shell is SLURM_PROCID 0 of SLURM_NTASKS=2: it used to wait for a rank 1 for 30 minutes.
+    job = slurm.sbatch_wrap("-n2", f"python {TRAIN} --out {tmp_path}", output=tmp_path / "slurm-%j.out")
+    fields = slurm.finished(job, timeout=120)
+    text = (tmp_path / f"slurm-{job}.out").read_text()
+    assert (fields["JobState"], fields["ExitCode"]) == ("FAILED", "1:0"), f"{fields}\n{text}"
+    assert f"runs in Slurm job {job}'s batch script itself, not as one of srun's tasks" in text, text
+    assert "HINT: start it with srun (`srun python train.py`" in text, text

@@ -97,8 +97,43 @@ def test_detection_order_torchrun_beats_slurm_and_mpi():
 
 
 def test_slurm_beats_pmi():
-    env = detect({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "PMI_RANK": "0", "PMI_SIZE": "2"}, [])
+    # `srun --mpi=pmi2`: each task has PMI_RANK as well, equal to its SLURM_PROCID
+    env = detect({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "PMI_RANK": "1", "PMI_SIZE": "2"},
+                 [])
     assert env.name == "slurm" and env.rank == 1
+
+
+# What the batch shell of a real `sbatch -n2` had (tests/cluster/ submits it): no step id, SLURM_PROCID 0.
+BATCH_SHELL = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+               "SLURM_JOB_ID": "7", "SLURM_JOB_NAME": "one_node.sbatch"}
+
+
+def test_mpirun_inside_a_slurm_allocation_is_open_mpi():
+    # Before: both ranks of `mpirun -np 2` in an sbatch script were Slurm's rank 0 (their shell's SLURM_PROCID).
+    env = detect({**BATCH_SHELL, "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+                  "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, [])
+    assert (env.name, env.rank, env.world_size) == ("openmpi", 1, 2)
+    # on another node, under the daemon srun started there: its task's SLURM_PROCID is the node's index
+    env = detect({**BATCH_SHELL, "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "OMPI_COMM_WORLD_RANK": "3",
+                  "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, [])
+    assert (env.name, env.rank, env.node_rank) == ("openmpi", 3, 1)
+
+
+def test_mpiexec_inside_a_slurm_allocation_is_mpich():
+    env = detect({**BATCH_SHELL, "PMI_RANK": "1", "PMI_SIZE": "2"}, [])
+    assert (env.name, env.rank) == ("mpich", 1)
+    env = detect({**BATCH_SHELL, "SLURM_STEPID": "0", "SLURM_PROCID": "1", "PMI_RANK": "3", "PMI_SIZE": "4"}, [])
+    assert (env.name, env.rank) == ("mpich", 3)
+
+
+def test_python_in_a_batch_script_of_several_tasks_is_refused_naming_srun():
+    with pytest.raises(RingtrainError, match=r"batch script itself, not as one of srun's tasks: it would be rank 0 "
+                                             r"of 2 \(SLURM_NTASKS\)") as e:
+        detect(BATCH_SHELL, [])
+    assert "srun python train.py" in str(e.value)
+    # one task: the batch shell is that task's one process
+    env = detect({**BATCH_SHELL, "SLURM_NTASKS": "1"}, [])
+    assert (env.name, env.rank, env.world_size) == ("slurm", 0, 1)
 
 
 @pytest.mark.parametrize(

@@ -168,9 +168,28 @@ class Slurm:
     def detect(environ: Mapping[str, str], argv: Sequence[str]) -> Environment | None:
         if "SLURM_PROCID" not in environ or "SLURM_NTASKS" not in environ:
             return None
-        # A batch script's own shell (or `salloc` + plain python) is not an srun task.
-        if environ.get("SLURM_JOB_NAME") in ("bash", "interactive") and "SLURM_STEP_ID" not in environ:
+        step = "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ  # srun's tasks have one; a batch shell not
+        # mpirun inside an allocation: its ranks inherit the batch shell's SLURM_PROCID (0 in every rank: a real
+        # `sbatch -n2` of `mpirun -np 2` had two rank 0s) or, on the other nodes, that of the daemon srun started
+        # there (one task per node). Their MPI's variables are theirs. `srun --mpi=pmi2` sets PMI_RANK too: equal.
+        if "OMPI_COMM_WORLD_RANK" in environ:
             return None
+        if "PMI_RANK" in environ and (not step or environ["PMI_RANK"] != environ["SLURM_PROCID"]):
+            return None
+        if not step:
+            # `salloc` + plain python, or `srun --pty bash`'s shell, is not an srun task.
+            if environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+                return None
+            ntasks = _int(environ, "SLURM_NTASKS")
+            if ntasks > 1:  # the batch script's own shell: SLURM_PROCID 0 of SLURM_NTASKS, and no other task
+                raise RingtrainError(
+                    f"this process runs in Slurm job {environ.get('SLURM_JOB_ID', '?')}'s batch script itself, not "
+                    f"as one of srun's tasks: it would be rank 0 of {ntasks} (SLURM_NTASKS) and wait for {ntasks - 1} "
+                    "more that nothing starts",
+                    "start it with srun (`srun python train.py`: one process per task), or one `ringtrain run` "
+                    "per node (`srun ringtrain run ...`, examples/cluster/two_nodes.sbatch); for one process, "
+                    "`sbatch --ntasks=1`.",
+                )
         nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_NODELIST") or "127.0.0.1"
         # Same rule as Lightning: a port every task derives alike from the job id.
         job_id = _int(environ, "SLURM_JOB_ID", 0)
@@ -309,7 +328,8 @@ class Single:
 # Order matters. torchrun first: it also runs under Slurm allocations and inside
 # mpirun-started agents, and its variables describe the workers it started. RANK and
 # WORLD_SIZE set by hand (without LOCAL_RANK) next: the user said so explicitly.
-# Slurm before MPI: `srun --mpi=pmi2` sets PMI_* as well as SLURM_*. Horovod after
+# Slurm before MPI: `srun --mpi=pmi2` sets PMI_* as well as SLURM_* (Slurm yields where mpirun started the
+# process inside an allocation: Slurm.detect). Horovod after
 # MPI because horovodrun over MPI sets both and MPI's are authoritative. The
 # legacy `--local_rank` argument only when no launcher variables say more.
 # Single always matches, so it is last.
