@@ -17,8 +17,8 @@ from collections import namedtuple
 import pytest
 import torch.distributed as dist
 
-from ringtrain.liveness import failures, membership as liveness, procs
 from ringtrain.launcher.report import first_cause
+from ringtrain.liveness import failures, membership as liveness, procs
 from ringtrain.liveness.records import Blame, Exit, Post
 
 
@@ -345,3 +345,16 @@ def test_a_tampered_world_or_generation_is_no_board_to_read(world, generation):
     store.set(f"{PREFIX}/current", "0-0")
     store.set(f"{PREFIX}/0-0/world", "2")
     assert job_board(store).world_size == 2  # a real one still reads
+
+
+def test_an_exit_after_a_clean_close_is_not_bounded(monkeypatch):
+    # A finished job's finalization may be slow (a loaded machine), never a wait on peers once the group is gone.
+    bounds = []
+    monkeypatch.setattr(liveness, "bound_exit", lambda seconds=liveness.EXIT_BOUND_S: bounds.append(seconds))
+    b0, _ = boards()
+    member = liveness.Membership(b0, backward_syncs=False, error_file=None, watch=False)
+    member.finish("ring.close")
+    member.at_exit(bound=False)
+    assert bounds == [] and b0.posted.state == "finished"
+    liveness.Membership(boards()[0], backward_syncs=False, error_file=None, watch=False).at_exit()
+    assert bounds == [liveness.EXIT_BOUND_S]  # not closed: the rest of the exit is bounded, as before

@@ -96,6 +96,7 @@ class ProcessGroup:
             self.backend = devices.choose_backend(torch.device("cuda", 0), backend)
         self.store: dist.Store | None = None  # prefixed "ringtrain/": checks and the board live under it
         self.membership: liveness.Membership | None = None
+        self._destroyed = False  # close() destroyed the group it formed, cleanly
         self._owns_group = False
 
     @property
@@ -232,11 +233,13 @@ class ProcessGroup:
                     # moment lets it; should it not be enough, the bound above ends the process.
                     time.sleep(0.05)
                 dist.destroy_process_group()
+            self._destroyed = True
         self._owns_group = False
         self.store = None
 
     def _at_exit(self) -> None:
         # At interpreter exit nothing is destroyed (the process is ending; destroying could only
-        # wait): the board says this rank left, and the rest of the exit is bounded.
+        # wait): the board says this rank left, and the rest of the exit is bounded — unless close()
+        # destroyed the group: then no engine thread is left to wait on a peer.
         if self.membership is not None:
-            self.membership.at_exit()
+            self.membership.at_exit(bound=not self._destroyed)
