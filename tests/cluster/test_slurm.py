@@ -1,7 +1,8 @@
 """Slurm for real (issue 32, item 3): srun tasks, sbatch of examples/cluster/'s scripts (one node; two nodes of
 `ringtrain run` agents), a failing rank, and one `ringtrain run` agent under srun, on the session's cluster of this host
-(conftest.py, scripts/one_node_slurm.sh). Every job must train what one process trains (to TOLERANCE). About 35 s in
-all, so `make test` runs them where Slurm is installed; preemption and requeue (test_slurm_preempt.py) are slower."""
+(conftest.py, scripts/one_node_slurm.sh). Every job must train what one process trains (to TOLERANCE). `make test`
+runs the unmarked ones where Slurm is installed (about 35 s on 2 idle cores); the `cluster` marker's, and preemption
+and requeue (test_slurm_preempt.py), run in `make test-cluster`."""
 
 from __future__ import annotations
 
@@ -85,6 +86,7 @@ def test_srun_of_one_ringtrain_run_agent_per_node_trains_as_one_process(slurm, o
     assert_close_to(final_parameters(tmp_path), one_process)
 
 
+@pytest.mark.cluster  # `make test-cluster` only: `make test` has a budget
 def test_sbatch_of_the_two_node_script_trains_as_one_process(slurm, one_process, tmp_path):
     if slurm.nodes < 2:
         pytest.skip("the cluster has one node: this host's name does not resolve, or is localhost")
@@ -95,6 +97,7 @@ def test_sbatch_of_the_two_node_script_trains_as_one_process(slurm, one_process,
     assert_close_to(final_parameters(tmp_path / "run"), one_process)
 
 
+@pytest.mark.cluster  # `make test-cluster` only: `make test` has a budget
 def test_python_in_the_batch_script_itself_is_refused_at_once_naming_srun(slurm, tmp_path):
     # Without srun the batch shell is SLURM_PROCID 0 of SLURM_NTASKS=2: it used to wait for a rank 1 for 30 minutes.
     job = slurm.sbatch_wrap("-n2", f"python {TRAIN} --out {tmp_path}", output=tmp_path / "slurm-%j.out")
