@@ -73,14 +73,15 @@ test-hosts: $(STAMP)
 # and started by scripts/one_node_slurm.sh, stopped at the end), srun / sbatch of examples/cluster/, a failing rank,
 # preemption with requeue, `ringtrain run` agents under srun, mpirun -np 2 and the PyTorchJob's command: tests/cluster.
 # Installs slurm-wlm, munge and openmpi-bin first where they are missing (Debian/Ubuntu, as root); a skip fails it.
-# About 2.5 minutes on 2 cores. `make test` runs tests/cluster's quick ones (not the `cluster` marker) where installed.
+# 3-6 minutes on 2 shared cores (docs/benchmarks.md). `make test` runs tests/cluster's unmarked ones where installed.
 test-cluster: $(STAMP)
 	@missing=""; command -v slurmd >/dev/null 2>&1 || missing="slurm-wlm munge"; \
 		command -v munged >/dev/null 2>&1 || case "$$missing" in *munge*) ;; *) missing="$$missing munge";; esac; \
 		command -v mpirun >/dev/null 2>&1 || missing="$$missing openmpi-bin"; \
 		if [ -n "$$missing" ]; then \
-			if [ "$$(id -u)" != 0 ]; then echo "test-cluster: not installed:$$missing; run as root to install them"; exit 1; fi; \
-			echo "test-cluster: installing$$missing"; apt-get update -qq && \
+			missing=$$(echo $$missing); \
+			if [ "$$(id -u)" != 0 ]; then echo "test-cluster: not installed: $$missing; run as root to install them"; exit 1; fi; \
+			echo "test-cluster: installing $$missing"; apt-get update -qq && \
 			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing || exit 1; \
 		fi
 	@out=$$($(PY) -m pytest -q -rs -m "not stress" --durations=0 tests/cluster 2>&1); status=$$?; echo "$$out"; \
