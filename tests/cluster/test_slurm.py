@@ -20,7 +20,9 @@ TRAIN = "examples/cluster/train.py"
 
 
 def _ranks(text: str, launcher: str) -> list[tuple[str, str]]:
-    return sorted(re.findall(rf"^rank (\d+) of 2, node (\d+), started by {launcher}$", text, re.M))
+    # Not anchored: print() writes the text and its newline apart, so ranks sharing one stream (a `ringtrain run`
+    # agent's workers) can leave "...started by torchelasticrank 0 of 2, ..." (seen 2 runs in 7)
+    return sorted(re.findall(rf"rank (\d+) of 2, node (\d+), started by {launcher}", text))
 
 
 def _batch(slurm: Slurm, script: str, *args: str, folder: Path, env: dict | None = None) -> tuple[int, str, dict]:
