@@ -189,7 +189,7 @@ def test_a_collective_one_rank_never_calls_is_reported_with_where_the_ranks_were
     with Job("extra", warning=None) as job:
         job.wait_for(r"^HINT: native code aborted", 60)
         report = job.text[job.text.index("ringtrain run:"):]
-        assert "killed by signal 6 (SIGABRT)" in report and "Where the ranks were last seen:" in report
+        assert "killed by signal 6 (SIGABRT)" in report and "Where the ranks were last seen (" in report
         assert "out of memory" not in report
         extra = next(i for i, text in enumerate(open(JOBS), 1) if "# rank 1 never calls this one" in text)
         assert f"rank 0 aborted at tests/_stall_jobs.py:{extra} in ring_job" in report \

@@ -18,7 +18,7 @@ from _launch_util import HELPERS, child_env, outputs
 import ringtrain as rt
 from ringtrain.errors import RingtrainError
 from ringtrain.launcher import plan as plans, report, run, stacks
-from ringtrain.liveness import dump, procs
+from ringtrain.liveness import dump, membership, procs
 from ringtrain.loop import preempt
 
 JOB = os.path.join(HELPERS, "_steps_jobs.py")
@@ -60,7 +60,10 @@ def test_the_launchers_variables_are_the_defaults(tmp_path):
         preempt.of(str(tmp_path), None, None, False, {preempt.SIGNAL_ENV: "KILL"})
 
 
-def test_a_signal_is_only_noted_and_a_second_changes_nothing(capsys):
+def test_a_signal_is_only_noted_and_a_second_changes_nothing(capsys, monkeypatch):
+    # A process that has not left (an earlier test's membership may have): the signal is a preemption's
+    monkeypatch.setattr(membership, "_ACTIVE", None)
+    monkeypatch.setattr(membership, "_LAST", None)
     before = signal.getsignal(signal.SIGTERM)
     taken = preempt.Preemption()
     assert taken.install()
@@ -73,6 +76,27 @@ def test_a_signal_is_only_noted_and_a_second_changes_nothing(capsys):
         taken.uninstall()
     assert signal.getsignal(signal.SIGTERM) == before
     assert capsys.readouterr().err.count("got SIGTERM: finishing this step") == 1
+
+
+STALE = """
+import os, signal
+from ringtrain.liveness import membership
+from ringtrain.loop import preempt
+a, b = preempt.Preemption(), preempt.Preemption()
+a.install(); b.install()      # two rings in one process, closed in the order they were made:
+a.uninstall(); b.uninstall()  # b puts back a's note, which a no longer answers for
+membership._LAST = object()   # this process has left (posted how it ends)
+os.kill(os.getpid(), signal.SIGTERM)
+print("still here")
+"""
+
+
+def test_a_stale_note_left_in_place_ends_the_process_instead_of_recursing():
+    # In the suite's process: a ring never closed left its note as SIGTERM's handler, and the note of a process
+    # that has left re-raised the signal into itself until RecursionError.
+    proc = subprocess.run([sys.executable, "-c", STALE], capture_output=True, text=True, timeout=60, env=child_env())
+    assert proc.returncode == -signal.SIGTERM, outputs(proc)
+    assert "RecursionError" not in proc.stderr and "still here" not in proc.stdout
 
 
 def test_stacks_move_to_usr2_where_usr1_preempts(monkeypatch, tmp_path):

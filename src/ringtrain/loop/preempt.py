@@ -150,6 +150,10 @@ class Preemption:
             # not signalled: torchrun's agent is stopping it (a failure, a restart, a node joining), and nothing is
             # to be saved. The signal's own action, at once.
             self.uninstall()
+            restored = signal.getsignal(signum)
+            if restored == self._note or getattr(restored, "__func__", None) is Preemption._note:
+                # A ring's note that was never uninstalled (its ring not closed): it would answer this again.
+                signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
         # Only a note: a save in progress finishes, and a second signal changes nothing.
