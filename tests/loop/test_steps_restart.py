@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import time
 
@@ -39,14 +40,19 @@ def uninterrupted(tmp_path_factory):
 
 def _killed_run(tmp_path, strategy: str, kill_at: int, uninterrupted) -> None:
     got = _run(tmp_path, "--strategy", strategy, "--kill-at", str(kill_at))
-    # The restart resumes from the newest checkpoint the manifest listed when rank 1 died (FSDP's are written in
-    # the background: one still being written is not there, and the run starts afresh or from the one before).
+    # The restart resumes from the newest checkpoint the manifest listed when rank 1 died — or a newer one that the
+    # survivor committed after it: FSDP's are written in the background, and one whose shards were all written
+    # before the kill may be listed after it (seen once in CI: none listed, resumed from step 5); rank 0 may also
+    # still be saving the step rank 1 has gone past. Never an older one, and the end is bitwise equal either way.
     listed = json.loads((tmp_path / "at_kill.json").read_text())
+    last = listed["checkpoints"][-1]["file"] if listed and listed.get("checkpoints") else None
     said = got["proc"].stdout + got["proc"].stderr
-    if listed and listed.get("checkpoints"):
-        assert f"resumed from {tmp_path / 'ckpt' / listed['checkpoints'][-1]['file']}" in said, outputs(got["proc"])
+    resumed_from = re.search(r"resumed from (\S+) ", said)
+    if resumed_from is None:
+        assert last is None, outputs(got["proc"])
     else:
-        assert "resumed from" not in said, outputs(got["proc"])
+        name = os.path.relpath(resumed_from.group(1), tmp_path / "ckpt")
+        assert last is None or name >= last, (last, outputs(got["proc"]))
     assert _same(got["params"], uninterrupted[strategy]["params"]), f"kill at backward {kill_at}: params differ"
     for rank in range(2):  # what the resumed loop did after its checkpoint, evaluation and random draws included
         whole = uninterrupted[strategy]["evals"][rank]
