@@ -83,6 +83,20 @@ def run_ringtrain(*args: str, timeout: float = 90, env: dict | None = None, cwd=
     )
 
 
+def two_nodes(argv_of, env: dict[str, str], timeout: float = 100) -> tuple[list[int], list[tuple[str, str]], str]:
+    """Two ``ringtrain run`` nodes started as from two terminals (``argv_of(node_rank)``: each one's arguments),
+    waited for together: their exit codes, their (stdout, stderr), and a report of both to show on failure."""
+    nodes = [subprocess.Popen(ringtrain_cmd(*argv_of(rank)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for rank in (0, 1)]
+    try:
+        outs = [node.communicate(timeout=timeout) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    report = "\n".join(f"node {i} exit {n.returncode}\n{o}\n{e}" for i, (n, (o, e)) in enumerate(zip(nodes, outs)))
+    return [n.returncode for n in nodes], outs, report
+
+
 def free_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as s:
         return s.getsockname()[1]

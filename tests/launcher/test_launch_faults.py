@@ -24,6 +24,7 @@ from _launch_util import (
     results,
     ringtrain_cmd,
     run_ringtrain,
+    two_nodes,
     write,
 )
 
@@ -233,16 +234,8 @@ def test_two_nodes_restart_together_with_a_fresh_store(tmp_path):
     script = write(tmp_path / "train.py", DIES_ONCE)
     port = str(free_port())
     common = ["--nnodes", "2", "--nproc-per-node", "1", "--master-port", port, "--max-restarts", "1", "--timeout", "30"]
-    nodes = [subprocess.Popen(ringtrain_cmd("run", *common, "--node-rank", str(rank), str(script)),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
-             for rank in (0, 1)]
-    try:
-        outs = [node.communicate(timeout=100) for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
-    report = "\n".join(f"node {i} exit {n.returncode}\n{o}\n{e}" for i, (n, (o, e)) in enumerate(zip(nodes, outs)))
-    assert [n.returncode for n in nodes] == [0, 0], report
+    codes, outs, report = two_nodes(lambda rank: ["run", *common, "--node-rank", str(rank), str(script)], child_env())
+    assert codes == [0, 0], report
     rows = results(outs[0][0]) + results(outs[1][0])
     assert [(r["rank"], r["world"], r["attempt"], r["sum"]) for r in rows] == [
         ("0", "2", "1", "6.0"), ("1", "2", "1", "6.0")], report

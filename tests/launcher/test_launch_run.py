@@ -13,8 +13,8 @@ from _launch_util import (
     free_port,
     outputs,
     results,
-    ringtrain_cmd,
     run_ringtrain,
+    two_nodes,
     write,
 )
 
@@ -110,20 +110,9 @@ def test_two_nodes_on_loopback(tmp_path):
     script = write(tmp_path / "train.py", ALLREDUCE)
     port = str(free_port())
     common = ["--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port, "--timeout", "60"]
-    nodes = [
-        subprocess.Popen(
-            ringtrain_cmd("run", *common, "--node-rank", str(rank), str(script), "--foo", str(rank)),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-        )
-        for rank in (0, 1)
-    ]
-    try:
-        outs = [node.communicate(timeout=120) for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
-    report = "\n".join(f"node {i} exit {n.returncode}\n{o}\n{e}" for i, (n, (o, e)) in enumerate(zip(nodes, outs)))
-    assert [n.returncode for n in nodes] == [0, 0], report
+    codes, outs, report = two_nodes(
+        lambda rank: ["run", *common, "--node-rank", str(rank), str(script), "--foo", str(rank)], child_env(), 120)
+    assert codes == [0, 0], report
     (r0,), (r1,) = results(outs[0][0]), results(outs[1][0])
     assert (r0["rank"], r0["world"], r0["sum"], r0["foo"]) == ("0", "2", "3.0", "0"), report
     assert (r1["rank"], r1["world"], r1["sum"], r1["foo"]) == ("1", "2", "3.0", "1"), report

@@ -15,7 +15,7 @@ import subprocess
 import time
 
 import pytest
-from _launch_util import child_env, free_port, outputs, results, ringtrain_cmd, run_ringtrain, write
+from _launch_util import child_env, free_port, outputs, results, ringtrain_cmd, run_ringtrain, two_nodes, write
 
 from ringtrain.launcher import env_info
 
@@ -62,17 +62,10 @@ def test_two_nodes_on_one_machine_share_its_cores(tmp_path):
     assert together.returncode == 0, outputs(together)
     assert [r["threads"] for r in results(together.stdout)] == [_shared()] * 2, outputs(together)
     port = str(free_port())
-    nodes = [subprocess.Popen(ringtrain_cmd("run", "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
-                                            "--master-addr", "127.0.0.1", "--master-port", port, script),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
-             for rank in (0, 1)]
-    try:
-        outs = [node.communicate(timeout=100) for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
-    report = "\n".join(f"node {i} exit {n.returncode}\n{o}\n{e}" for i, (n, (o, e)) in enumerate(zip(nodes, outs)))
-    assert [n.returncode for n in nodes] == [0, 0], report
+    codes, outs, report = two_nodes(lambda rank: ["run", "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node",
+                                                  "1", "--master-addr", "127.0.0.1", "--master-port", port, script],
+                                    _env())
+    assert codes == [0, 0], report
     assert [r["threads"] for r in results(outs[0][0] + outs[1][0])] == [_shared()] * 2, report
     assert BANNER not in outs[0][1] + outs[1][1], report
 
