@@ -16,6 +16,24 @@ RINGTRAIN_SRC = str(Path(ringtrain.__file__).resolve().parents[1])
 HELPERS = str(Path(__file__).resolve().parent)  # tests/helpers: the job modules a child imports by name
 
 
+# A 2-rank DDP job whose rank 1 fails at step 3 of its first attempt only (under --max-restarts 1): 50 steps.
+FAILS_AT_STEP_3_ONCE = """
+import os, torch, ringtrain as rt
+
+ring = rt.Ring(strategy="ddp", seed=0)
+model = torch.nn.Linear(4, 1)
+model, opt = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+data = torch.utils.data.TensorDataset(torch.randn(400, 4), torch.randn(400, 1))
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+for epoch in ring.epochs(1):
+    for i, (x, y) in enumerate(ring.loader(data, batch_size=4)):  # 50 steps
+        if attempt == 0 and i == 3 and ring.rank == 1:
+            raise ValueError("the first attempt fails at step 3")
+        ring.backward(torch.nn.functional.mse_loss(model(x), y))
+        opt.step(); opt.zero_grad()
+"""
+
+
 def _loopback_interface() -> str | None:
     names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
     return next((n for n in ("lo", "lo0") if n in names), None)

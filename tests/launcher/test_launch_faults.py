@@ -17,6 +17,7 @@ import _fault_jobs as jobs
 import pytest
 from _launch_util import (
     ALLREDUCE,
+    FAILS_AT_STEP_3_ONCE,
     HELPERS,
     child_env,
     free_port,
@@ -240,23 +241,6 @@ def test_two_nodes_restart_together_with_a_fresh_store(tmp_path):
     assert [(r["rank"], r["world"], r["attempt"], r["sum"]) for r in rows] == [
         ("0", "2", "1", "6.0"), ("1", "2", "1", "6.0")], report
     assert rows[0]["port"] == rows[1]["port"] != port, report  # a new store for the new attempt
-
-
-FAILS_AT_STEP_3_ONCE = """
-import os, torch, ringtrain as rt
-
-ring = rt.Ring(strategy="ddp", seed=0)
-model = torch.nn.Linear(4, 1)
-model, opt = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
-data = torch.utils.data.TensorDataset(torch.randn(400, 4), torch.randn(400, 1))
-attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-for epoch in ring.epochs(1):
-    for i, (x, y) in enumerate(ring.loader(data, batch_size=4)):  # 50 steps
-        if attempt == 0 and i == 3 and ring.rank == 1:
-            raise ValueError("the first attempt fails at step 3")
-        ring.backward(torch.nn.functional.mse_loss(model(x), y))
-        opt.step(); opt.zero_grad()
-"""
 
 
 def test_the_step_table_after_a_restart_is_the_last_attempts(tmp_path):

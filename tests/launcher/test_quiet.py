@@ -15,7 +15,17 @@ import subprocess
 import time
 
 import pytest
-from _launch_util import child_env, free_port, outputs, results, ringtrain_cmd, run_ringtrain, two_nodes, write
+from _launch_util import (
+    FAILS_AT_STEP_3_ONCE,
+    child_env,
+    free_port,
+    outputs,
+    results,
+    ringtrain_cmd,
+    run_ringtrain,
+    two_nodes,
+    write,
+)
 
 from ringtrain.launcher import env_info
 
@@ -102,25 +112,11 @@ def test_ctrl_c_says_one_line_per_rank_and_no_traceback(tmp_path):
     assert "death signal" not in err and "closing signal" not in err, said  # torchelastic's own lines, said better
 
 
-FAILS_ONCE = """
-    import os, torch, ringtrain as rt
-
-    ring = rt.Ring(strategy="ddp", seed=0)
-    model = torch.nn.Linear(4, 1)
-    model, opt = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    data = torch.utils.data.TensorDataset(torch.randn(400, 4), torch.randn(400, 1))
-    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    for epoch in ring.epochs(1):
-        for i, (x, y) in enumerate(ring.loader(data, batch_size=4)):
-            if attempt == 0 and i == 3 and ring.rank == 1:
-                raise ValueError("the first attempt fails at step 3")
-            ring.backward(torch.nn.functional.mse_loss(model(x), y))
-            opt.step(); opt.zero_grad()
-"""
 
 
 def test_a_restart_shows_the_failing_ranks_traceback_only(tmp_path):
-    proc = run_ringtrain("run", "--nproc-per-node", "2", "--max-restarts", "1", str(write(tmp_path / "t.py", FAILS_ONCE)),
+    script = str(write(tmp_path / "t.py", FAILS_AT_STEP_3_ONCE))
+    proc = run_ringtrain("run", "--nproc-per-node", "2", "--max-restarts", "1", script,
                          env=_env(), timeout=120)
     assert proc.returncode == 0, outputs(proc)
     assert proc.stderr.count("Traceback") == 1 and "ValueError: the first attempt fails at step 3" in proc.stderr, \
