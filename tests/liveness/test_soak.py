@@ -52,7 +52,8 @@ def _runs(n: int) -> int:
     return max(1, round(n * SCALE))
 
 
-def _job(nproc: int, *args: str, warning: float | None = None, timeout: float = 900) -> tuple[subprocess.CompletedProcess, float]:
+def _job(nproc: int, *args: str, warning: float | None = None,
+         timeout: float = 900) -> tuple[subprocess.CompletedProcess, float]:
     env = child_env(**({"RINGTRAIN_STALL_WARNING": str(warning)} if warning is not None else {}))
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as here:  # ring.log's run folder goes there
@@ -61,7 +62,8 @@ def _job(nproc: int, *args: str, warning: float | None = None, timeout: float = 
     return proc, time.monotonic() - started
 
 
-def _soak(name: str, runs: int, nproc: int, *args: str, warning: float | None = None) -> None:
+def _soak(name: str, runs: int, nproc: int, *args: str, warning: float | None = None) -> list[str]:
+    """``runs`` healthy jobs beside busy loops; the runs that failed or raised a false alarm, with their output."""
     bad, took = [], []
     with Busy() as busy:
         for i in range(runs):
@@ -72,25 +74,28 @@ def _soak(name: str, runs: int, nproc: int, *args: str, warning: float | None = 
             done = len(re.findall(r"^JOB done rank=\d+ steps=\d+$", proc.stdout, re.M))
             if proc.returncode != 0 or done != nproc or FALSE_ALARMS.search(said):
                 bad.append(f"--- run {i}: exit {proc.returncode}, {done} of {nproc} done\n" + outputs(proc)[-4000:])
-    print(f"\n{name}: {runs} runs beside {BUSY} busy loops, {len(bad)} false alarm(s); {min(took):.0f}-{max(took):.0f} s "
-          f"a run; load average {min(busy.loads):.1f}-{max(busy.loads):.1f}")
-    assert not bad, "\n".join(bad)
+    print(f"\n{name}: {runs} runs beside {BUSY} busy loops, {len(bad)} false alarm(s); "
+          f"{min(took):.0f}-{max(took):.0f} s a run; load average {min(busy.loads):.1f}-{max(busy.loads):.1f}")
+    return bad
 
 
 @pytest.mark.timeout(14400)
 def test_eight_ranks_two_hundred_steps_never_fail_at_the_end():
-    _soak("8 ranks x 200 steps", _runs(20), 8, "--steps", "200")
+    bad = _soak("8 ranks x 200 steps", _runs(20), 8, "--steps", "200")
+    assert not bad, "\n".join(bad)
 
 
 @pytest.mark.timeout(14400)
 def test_sixteen_rank_fsdp_gets_no_stall_report():
-    _soak("16-rank FSDP x 100 steps, stall_warning 10 s", _runs(10), 16, "--strategy", "fsdp", "--steps", "100",
-          warning=10)
+    bad = _soak("16-rank FSDP x 100 steps, stall_warning 10 s", _runs(10), 16, "--strategy", "fsdp", "--steps", "100",
+                warning=10)
+    assert not bad, "\n".join(bad)
 
 
 @pytest.mark.timeout(14400)
 def test_eight_ranks_with_a_two_second_stall_warning_get_no_stall_report():
-    _soak("8 ranks x 200 steps, stall_warning 2 s", _runs(10), 8, "--steps", "200", warning=2)
+    bad = _soak("8 ranks x 200 steps, stall_warning 2 s", _runs(10), 8, "--steps", "200", warning=2)
+    assert not bad, "\n".join(bad)
 
 
 @pytest.mark.timeout(1800)
