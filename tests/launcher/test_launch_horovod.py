@@ -9,6 +9,7 @@ machine, uneven nodes, a failing node.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -145,13 +146,24 @@ def test_remote_hosts_are_started_over_ssh():
     assert len(remote.argv) == 8  # one remote command string, shell-quoted
     words = shlex.split(remote.argv[7])
     assert words[:6] == ["cd", "/home/me/my project", "&&", "exec", "env", "NCCL_DEBUG=INFO"]
-    # only the documented variables travel (sorted), never e.g. HOME or a token
+    # only the documented variables travel (sorted), never e.g. HOME or a token of the user's; then the node's own
+    # token, by which the launcher's SIGTERM finds this agent on its host (node_signal.py)
     assert words[6:8] == ["OMP_NUM_THREADS=4", "PYTHONPATH=/x y"]
-    assert words[8:] == [PY, "-m", "ringtrain", "run", "--nnodes", "3", "--node-rank", "2", "--master-addr",
+    assert re.fullmatch(r"RINGTRAIN_NODE_TOKEN=[0-9a-f]{16}", words[8]), words[8]
+    assert words[9:] == [PY, "-m", "ringtrain", "run", "--nnodes", "3", "--node-rank", "2", "--master-addr",
                          "thisbox", "--master-port", "29500", "--nproc-per-node", "1", "--horovod",
                          "train.py", "--name", "it's a run", "--glob", "*.pt"]
+    # SIGTERM goes over a connection of its own (no terminal), to the process carrying that token
+    token = words[8].split("=", 1)[1]
+    assert remote.terminate_argv[:6] == ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new",
+                                         "node3"]
+    assert shlex.split(remote.terminate_argv[6]) == [
+        "cd", "/home/me/my project", "&&", "exec", "env", "NCCL_DEBUG=INFO", "OMP_NUM_THREADS=4", "PYTHONPATH=/x y",
+        PY, "-m", "ringtrain.launcher.node_signal", token, "TERM"]
+    assert local.terminate_argv == [] and nodes[1].terminate_argv != remote.terminate_argv  # a token per node
     bare = _nodes([Host("node2", 1)])[0].argv[7]
-    assert bare.startswith("cd '/home/me/my project' && exec /opt/venv/bin/python -m ringtrain run")  # no env
+    assert re.match(r"cd '/home/me/my project' && exec env RINGTRAIN_NODE_TOKEN=[0-9a-f]{16} /opt/venv/bin/python "
+                    r"-m ringtrain run", bare), bare  # no variable of the user's
 
 
 def _master(node) -> str:
@@ -175,7 +187,7 @@ def test_new_host_keys_are_learnt_unless_strict_host_keys_is_asked_for():
     assert learnt[:7] == ["ssh", "-o", "BatchMode=yes", "-tt", "-o", "StrictHostKeyChecking=accept-new", "node2"]
     assert strict[:5] == ["ssh", "-o", "BatchMode=yes", "-tt", "node2"]
     assert not any("StrictHostKeyChecking" in word for word in strict)
-    assert learnt[-1] == strict[-1]  # the remote command is the same
+    assert re.sub("TOKEN=[0-9a-f]+", "", learnt[-1]) == re.sub("TOKEN=[0-9a-f]+", "", strict[-1])  # the same command
 
 
 def test_the_command_line_flag_reaches_the_ssh_command(tmp_path, monkeypatch):

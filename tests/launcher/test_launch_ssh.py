@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -320,3 +321,83 @@ def test_the_job_secret_never_goes_on_an_ssh_command_line_but_its_file_does(tmp_
     made = sealing_environment(here, {"PATH": "/bin"})
     assert made["PATH"] == "/bin" and len(made["RINGTRAIN_JOB_SECRET"]) == 64
     assert sealing_environment(here, {"RINGTRAIN_JOB_SECRET": "mine"}) is None  # the user's own is kept
+
+
+# --- preemption of a job with a node over ssh (issue 32) ----------------------------------------------------------
+
+# Steps of a Ring with a checkpoint_dir and no periodic save: only a preemption writes one. Rank 0 says when
+# step 3 is done (a file); the test then signals the launcher, with 7 s of steps still to go.
+PREEMPTIBLE = r"""
+import os, sys, time
+import torch
+import ringtrain as rt
+
+ring = rt.Ring(device="cpu", checkpoint_dir="ckpt", save_every=1000)
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+model, optimizer = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+for step in ring.steps(150):
+    ring.backward(model(torch.ones(2, 4)).sum())
+    optimizer.step()
+    optimizer.zero_grad()
+    if ring.rank == 0 and step == 3:
+        open("running", "w").close()
+    time.sleep(0.05)
+ring.close()
+sys.stdout.write(f"RESULT rank={ring.rank} steps={ring.optimizer_steps}\n")
+"""
+
+
+def test_sigterm_to_the_launcher_preempts_the_node_over_ssh_too(sshd, tmp_path):
+    # A scheduler (or a user) signals the launcher on the head node: the node over ssh must not be merely hung up
+    # (its ranks would leave unsaved) but preempted like the local one, so that the job exits 75 with one
+    # checkpoint of one step, and the same command resumes from it.
+    script = write(tmp_path / "train.py", PREEMPTIBLE)
+    command = ringtrain_cmd("run", "-np", "2", "-H", f"127.0.0.1:1,{REMOTE}:1", "--ssh-port", str(sshd["port"]),
+                            "--ssh-identity-file", sshd["key"], str(script))
+    env = child_env(PATH=sshd["path"])
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "running").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, outputs(
+                subprocess.CompletedProcess(command, proc.wait(), *proc.communicate()))
+            time.sleep(0.1)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=90)
+        took = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    first = subprocess.CompletedProcess(command, proc.returncode, out, err)
+    assert proc.returncode == 75, outputs(first)
+    assert "preempted: every node's ranks saved their checkpoint; exit 75" in err, outputs(first)
+    saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step-"))
+    assert len(saved) == 1, (saved, outputs(first))
+    step = int(saved[0].split("-")[1].split(".")[0])
+    second = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert second.returncode == 0, outputs(second)
+    assert f"resumed from ckpt/{saved[0]} (epoch None, step {step})" in second.stdout, outputs(second)
+    assert sorted(re.findall(r"RESULT rank=(\d) steps=(\d+)", second.stdout)) == [("0", "150"), ("1", "150")], \
+        outputs(second)
+    sys.stdout.write(f"\nSIGTERM to the launcher -> exit 75 with the node over ssh saved: {took:.2f} s\n")
+
+
+def test_a_rank_that_raises_ends_the_job_in_seconds_with_a_node_over_ssh(sshd, tmp_path):
+    # The launcher stops the other nodes with SIGTERM, over ssh too: a node that takes it for a preemption must still
+    # end at once when its peer is gone, not wait out a grace period or a timeout.
+    raises = '    if ring.rank == 0 and step == 6:\n        raise ValueError("bad batch at step 6")\n'
+    script = write(tmp_path / "train.py", PREEMPTIBLE.replace("    time.sleep(0.05)\n", raises + "    time.sleep(0.05)\n"))
+    start = time.monotonic()
+    proc = _job(sshd, "-np", "2", "-H", f"127.0.0.1:1,{REMOTE}:1", "--ssh-port", str(sshd["port"]),
+                "--ssh-identity-file", sshd["key"], str(script), cwd=tmp_path)
+    took = time.monotonic() - start
+    assert proc.returncode == 1, outputs(proc)
+    assert "ValueError: bad batch at step 6" in proc.stderr, outputs(proc)
+    # the node the launcher sees end first is named (either: node 1 fails at once, naming rank 0's error)
+    assert "failed with exit code 1; the other nodes were stopped" in proc.stderr, outputs(proc)
+    assert not list(tmp_path.glob("ckpt/step-*")), outputs(proc)  # a failure is no preemption: nothing saved
+    sys.stdout.write(f"\na rank raising with a node over ssh: the job ended {took:.1f} s after its launch\n")

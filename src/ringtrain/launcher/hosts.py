@@ -20,7 +20,8 @@ and then supervises them. This file holds the pieces:
   process locally only for an address one of this machine's interfaces has (127.0.0.1 is
   the loopback interface's): that is how a multi-node job is tried over ssh on one machine;
 * supervision (``run_nodes``): wait for all, stop the others on the first failure,
-  forward SIGINT/SIGTERM.
+  forward SIGINT/SIGTERM — SIGTERM to a node over ssh over a second connection (``node_signal``), so that a
+  preemption reaches its agent as it reaches a local one.
 
 Everything but ``run_nodes`` is a pure function of its arguments (the host-name lookups
 of ``is_local`` aside), so the ssh commands are tested without ssh.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import secrets
 import shlex
 import signal
 import socket
@@ -38,12 +40,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import RingtrainError
 from ..liveness.records import PREEMPTED_EXIT
 from ..liveness.seal import SECRET_ENV, SECRET_FILE_ENV, new_secret
 from .host_list import assign, parse_host_list, read_hostfile
+from .node_signal import MODULE as NODE_SIGNAL, TOKEN_ENV
 from .plan import plan_from_args
 from .ports import TORCHRUN_DEFAULT_PORT
 from .torchrun_flags import passthrough_argv, passthrough_values
@@ -65,6 +68,7 @@ FORWARDED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "HOROVOD_", "RINGTRAIN_")
 # agent gets SIGHUP, which torchelastic handles like SIGTERM (it stops its workers).
 # Without -tt a remote job would outlive the launcher that lost track of it.
 SSH = ("ssh", "-o", "BatchMode=yes", "-tt")
+TERMINATE_TIMEOUT = 20.0  # seconds for the ssh that passes a SIGTERM on to a remote agent (node_signal.py)
 # Host keys: learn the key of a host never connected to, refuse one whose key changed
 # (OpenSSH >= 7.6, ssh_config(5) StrictHostKeyChecking=accept-new). BatchMode alone refuses
 # every new host, so a first job failed until each host was logged into by hand; horovodrun
@@ -82,6 +86,8 @@ class Node:
     nproc: int
     local: bool
     argv: list
+    # Over ssh: the command that sends its agent SIGTERM (node_signal.py), over a connection of its own.
+    terminate_argv: list = field(default_factory=list)
 
 
 def _is_loopback_literal(name: str) -> bool:
@@ -219,10 +225,14 @@ def plan_nodes(hosts: Sequence, *, master_addr: str | None, master_port: int, op
     nodes = []
     for node in draft:
         argv = agent_argv(python, node.rank, nnodes or len(draft), node.nproc, addr, master_port, options, target)
+        terminate: list = []
         if not node.local:
-            argv = ssh_argv(node.host, cwd, env, argv, port=ssh_port, identity_file=ssh_identity_file,
-                            strict_host_keys=ssh_strict_host_keys)
-        nodes.append(Node(node.host, node.rank, node.nproc, node.local, argv))
+            ssh = {"port": ssh_port, "identity_file": ssh_identity_file, "strict_host_keys": ssh_strict_host_keys}
+            token = secrets.token_hex(8)
+            argv = ssh_argv(node.host, cwd, {**env, TOKEN_ENV: token}, argv, **ssh)
+            terminate = [word for word in ssh_argv(node.host, cwd, env, [python, "-m", NODE_SIGNAL, token, "TERM"],
+                                                   **ssh) if word != "-tt"]
+        nodes.append(Node(node.host, node.rank, node.nproc, node.local, argv, terminate))
     return nodes
 
 
@@ -344,10 +354,32 @@ def _describe(node: Node, code: int) -> str:
     return f"{where} failed with exit code {code}; the other nodes were stopped."
 
 
-def _stop(procs: list, nodes: Sequence, sig: int, grace: float) -> None:
+def _terminate_over_ssh(procs: list, nodes: Sequence, say: Callable) -> set:
+    """SIGTERM to the agents of the running nodes over ssh, each over a connection of its own (node_signal.py), all
+    at once; the nodes it reached. Their ssh clients are left to end with their agents (75 when preempted)."""
+    sending = {node.rank: subprocess.Popen(node.terminate_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+               for proc, node in zip(procs, nodes) if proc.poll() is None and node.terminate_argv}
+    reached = set()
+    for rank, sender in sending.items():
+        try:
+            said, _ = sender.communicate(timeout=TERMINATE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            sender.kill()
+            said, _ = sender.communicate()
+        if sender.returncode == 0:
+            reached.add(rank)
+        elif procs[rank].poll() is None:
+            say(f"node {rank} ({nodes[rank].host}): SIGTERM over ssh did not reach its agent (exit "
+                f"{sender.returncode}: {said.strip()[-300:] or 'no output'}); its session is hung up instead")
+    return reached
+
+
+def _stop(procs: list, nodes: Sequence, sig: int, grace: float, say: Callable = lambda line: None) -> None:
+    reached = _terminate_over_ssh(procs, nodes, say) if sig == signal.SIGTERM else set()
     for proc, node in zip(procs, nodes):
-        if proc.poll() is None:
-            # The ssh client is stopped with SIGTERM: the remote agent is then hung up (see SSH).
+        if proc.poll() is None and node.rank not in reached:
+            # An ssh client stopped with SIGTERM hangs the remote agent up (see SSH): its workers end unsaved.
             proc.send_signal(sig if node.local else signal.SIGTERM)
     deadline = time.monotonic() + grace
     for proc in procs:
@@ -360,7 +392,7 @@ def _stop(procs: list, nodes: Sequence, sig: int, grace: float) -> None:
 
 def _preempted(procs: list, say: Callable) -> int:
     """PREEMPTED_EXIT when every node's agent left preempted (each saved its checkpoint: loop/preempt.py), else 0.
-    A node started over ssh is hung up by the stop, not preempted: its ranks cannot save."""
+    A node over ssh is preempted like a local one when the SIGTERM reached its agent (``_terminate_over_ssh``)."""
     if procs and all(p.returncode == PREEMPTED_EXIT for p in procs):
         say(f"preempted: every node's ranks saved their checkpoint; exit {PREEMPTED_EXIT}.\nHINT: run the same "
             "command again: it resumes from that checkpoint.")
@@ -390,12 +422,12 @@ def run_nodes(nodes: Sequence, *, poll: float = 0.1, grace: float = 30.0,
         while True:
             if received:
                 say(f"stopped by {signal.Signals(received[0]).name}; stopping all {len(nodes)} node(s).")
-                _stop(procs, nodes, received[0], grace)
+                _stop(procs, nodes, received[0], grace, say)
                 return _preempted(procs, say) or 128 + int(received[0])
             codes = [p.poll() for p in procs]
             failed = next(((node, c) for node, c in zip(nodes, codes) if c not in (None, 0)), None)
             if failed is not None:
-                _stop(procs, nodes, signal.SIGTERM, grace)
+                _stop(procs, nodes, signal.SIGTERM, grace, say)
                 if _preempted(procs, say):  # a node's ranks were preempted: the others save and leave too
                     return PREEMPTED_EXIT
                 say(_describe(failed[0], _code(failed[1])))

@@ -44,6 +44,26 @@ def children(pid: int) -> list[int]:
     return [e for e in entries if (fields := stat(e)) is not None and int(fields[1]) == pid and fields[0] != "Z"]
 
 
+def carrying(name: str, value: str) -> list[int]:
+    """The processes here whose environment (as each was started: ``/proc/PID/environ``, readable for one's own
+    processes) holds ``name=value`` while their parent's does not: the first process of each tree that
+    inherited it. [] where there is no /proc."""
+    entry = f"{name}={value}".encode()
+
+    def holds(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                return entry in f.read().split(b"\0")
+        except OSError:
+            return False
+
+    try:
+        pids = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    return [pid for pid in pids if holds(pid) and (fields := stat(pid)) is not None and not holds(int(fields[1]))]
+
+
 def command_line(pid: int) -> str:
     """``/proc/PID/cmdline`` as one line ("" when unreadable)."""
     try:
