@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import ringtrain
@@ -156,3 +158,67 @@ ALLREDUCE = r"""
                      f"sum={t.item()} foo={args.foo} path0={sys.path[0]}\n")
     dist.destroy_process_group()
 """
+
+
+# Steps of a Ring with a checkpoint_dir and no periodic save: only a preemption writes one. Rank 0 says when
+# step 3 is done (a file); the test then signals the launcher, with 7 s of steps still to go.
+PREEMPTIBLE = r"""
+import os, sys, time
+import torch
+import ringtrain as rt
+
+ring = rt.Ring(device="cpu", checkpoint_dir="ckpt", save_every=1000)
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+model, optimizer = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+for step in ring.steps(150):
+    ring.backward(model(torch.ones(2, 4)).sum())
+    optimizer.step()
+    optimizer.zero_grad()
+    if ring.rank == 0 and step == 3:
+        open("running", "w").close()
+    time.sleep(0.05)
+ring.close()
+sys.stdout.write(f"RESULT rank={ring.rank} steps={ring.optimizer_steps}\n")
+"""
+
+
+def preempted_by(command: list[str], sig: int, cwd: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
+    """Run ``command`` (a job of PREEMPTIBLE) in ``cwd``, send it ``sig`` once rank 0 is past step 3; the finished
+    process and the seconds from the signal to its exit."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    try:
+        deadline = time.monotonic() + 90
+        while not (cwd / "running").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                out, err = proc.communicate()
+                raise AssertionError(outputs(subprocess.CompletedProcess(command, proc.returncode, out, err)))
+            time.sleep(0.1)
+        signalled = time.monotonic()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=90)
+        return subprocess.CompletedProcess(command, proc.returncode, out, err), time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def preemption_problems(first: subprocess.CompletedProcess, cwd: Path, env: dict[str, str]) -> list[str]:
+    """What is wrong with a preempted PREEMPTIBLE job ``first`` and the same command run again: the first must exit
+    75 with one checkpoint, of one step, and the second resume from it and end both ranks at step 150 ([]: nothing)."""
+    if first.returncode != 75 or "preempted: every node's ranks saved their checkpoint; exit 75" not in first.stderr:
+        return [f"not preempted\n{outputs(first)}"]
+    saved = sorted(p.name for p in (cwd / "ckpt").iterdir() if p.name.startswith("step-"))
+    if len(saved) != 1:
+        return [f"checkpoints {saved}, not one\n{outputs(first)}"]
+    step = int(saved[0].split("-")[1].split(".")[0])
+    second = subprocess.run(first.args, capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
+    problems = [] if second.returncode == 0 else [f"the rerun exited {second.returncode}"]
+    if f"resumed from ckpt/{saved[0]} (epoch None, step {step})" not in second.stdout:
+        problems.append(f"the rerun did not resume from {saved[0]}")
+    if sorted(re.findall(r"RESULT rank=(\d) steps=(\d+)", second.stdout)) != [("0", "150"), ("1", "150")]:
+        problems.append("the rerun did not end both ranks at step 150")
+    return [f"{p}\n{outputs(second)}" for p in problems]

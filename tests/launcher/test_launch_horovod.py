@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _launch_util import outputs, results, ringtrain_cmd, write
+from _launch_util import PREEMPTIBLE, outputs, preempted_by, preemption_problems, results, ringtrain_cmd, write
 
 from ringtrain.errors import RingtrainError
 from ringtrain.launcher import agent, host_list, hosts, plan as plans, run, worker
@@ -247,6 +247,10 @@ def test_command_line_to_nodes(tmp_path, monkeypatch):
     assert nodes[0].argv[:2] == [sys.executable, "-m"]
     assert nodes[0].argv[-7:] == ["--max-restarts", "0", "--timeout", "60", str(script), "--epochs", "1"]
     assert "--horovod" in nodes[0].argv and "--master-port" in nodes[0].argv and "1234" in nodes[0].argv
+    preempting = hosts.nodes_from_args(_ns("-np", "2", "-H", "thisbox:1,node2:1", "--preempt-signal", "USR1",
+                                           "--preempt-grace", "90", str(script)), environ={}, names=HERE)
+    for words in (preempting[0].argv, shlex.split(preempting[1].argv[-1])):  # every agent, over ssh too
+        assert words[words.index("--preempt-signal") + 1] == "USR1" and words[words.index("--preempt-grace") + 1] == "90.0"
     assert shlex.split(nodes[1].argv[-1])[1] == str(tmp_path)
     hostfile = write(tmp_path / "hosts", "node1 slots=2\nnode2 slots=2\n")
     write(tmp_path / "pkg" / "__init__.py", "")
@@ -476,6 +480,19 @@ def test_sigterm_stops_every_node(tmp_path):
             proc.wait()
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "stopped by SIGTERM; stopping all 2 node(s)" in err
+
+
+@pytest.mark.timeout(240)
+def test_the_preempt_signal_to_a_host_list_launcher_preempts_every_node(tmp_path):
+    # --preempt-signal USR1 with -H: every node's agent gets the flag (it was dropped: the nodes ran on, and USR1 to
+    # the launcher only said "stacks: the job has not started yet"), and the launcher passes the signal on.
+    script = write(tmp_path / "train.py", PREEMPTIBLE)
+    command = ringtrain_cmd("run", "-np", "2", "-H", "localhost:1,127.0.0.1:1", "--preempt-signal", "USR1",
+                            "--preempt-grace", "60", str(script))
+    first, took = preempted_by(command, signal.SIGUSR1, tmp_path, _env())
+    assert "ringtrain: got SIGUSR1: finishing this step" in first.stderr, outputs(first)
+    assert preemption_problems(first, tmp_path, _env()) == []
+    sys.stdout.write(f"\nUSR1 to a -H launcher -> exit 75, every node saved: {took:.2f} s\n")
 
 
 def test_horovodruns_own_line_without_the_flag_runs_on_ringtraings_horovod():

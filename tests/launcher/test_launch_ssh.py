@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 
 import pytest
-from _launch_util import child_env, free_port, outputs, ringtrain_cmd, write
+from _launch_util import (PREEMPTIBLE, child_env, free_port, outputs, preempted_by, preemption_problems, ringtrain_cmd,
+                          write)
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -325,28 +326,6 @@ def test_the_job_secret_never_goes_on_an_ssh_command_line_but_its_file_does(tmp_
 
 # --- preemption of a job with a node over ssh (issue 32) ----------------------------------------------------------
 
-# Steps of a Ring with a checkpoint_dir and no periodic save: only a preemption writes one. Rank 0 says when
-# step 3 is done (a file); the test then signals the launcher, with 7 s of steps still to go.
-PREEMPTIBLE = r"""
-import os, sys, time
-import torch
-import ringtrain as rt
-
-ring = rt.Ring(device="cpu", checkpoint_dir="ckpt", save_every=1000)
-torch.set_num_threads(1)
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-model, optimizer = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
-for step in ring.steps(150):
-    ring.backward(model(torch.ones(2, 4)).sum())
-    optimizer.step()
-    optimizer.zero_grad()
-    if ring.rank == 0 and step == 3:
-        open("running", "w").close()
-    time.sleep(0.05)
-ring.close()
-sys.stdout.write(f"RESULT rank={ring.rank} steps={ring.optimizer_steps}\n")
-"""
 
 
 def test_sigterm_to_the_launcher_preempts_the_node_over_ssh_too(sshd, tmp_path):
@@ -357,32 +336,8 @@ def test_sigterm_to_the_launcher_preempts_the_node_over_ssh_too(sshd, tmp_path):
     command = ringtrain_cmd("run", "-np", "2", "-H", f"127.0.0.1:1,{REMOTE}:1", "--ssh-port", str(sshd["port"]),
                             "--ssh-identity-file", sshd["key"], str(script))
     env = child_env(PATH=sshd["path"])
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    try:
-        deadline = time.monotonic() + 90
-        while not (tmp_path / "running").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, outputs(
-                subprocess.CompletedProcess(command, proc.wait(), *proc.communicate()))
-            time.sleep(0.1)
-        signalled = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=90)
-        took = time.monotonic() - signalled
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    first = subprocess.CompletedProcess(command, proc.returncode, out, err)
-    assert proc.returncode == 75, outputs(first)
-    assert "preempted: every node's ranks saved their checkpoint; exit 75" in err, outputs(first)
-    saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step-"))
-    assert len(saved) == 1, (saved, outputs(first))
-    step = int(saved[0].split("-")[1].split(".")[0])
-    second = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
-    assert second.returncode == 0, outputs(second)
-    assert f"resumed from ckpt/{saved[0]} (epoch None, step {step})" in second.stdout, outputs(second)
-    assert sorted(re.findall(r"RESULT rank=(\d) steps=(\d+)", second.stdout)) == [("0", "150"), ("1", "150")], \
-        outputs(second)
+    first, took = preempted_by(command, signal.SIGTERM, tmp_path, env)
+    assert preemption_problems(first, tmp_path, env) == []
     sys.stdout.write(f"\nSIGTERM to the launcher -> exit 75 with the node over ssh saved: {took:.2f} s\n")
 
 

@@ -246,6 +246,8 @@ def agent_options(ns: argparse.Namespace) -> list:
     options += ["--verbose"] if getattr(ns, "verbose", None) else []
     for flag, value in (("--gpus", ns.gpus), ("--max-restarts", ns.max_restarts), ("--log-dir", ns.log_dir),
                         ("--timeout", ns.timeout), ("--timeline", getattr(ns, "timeline", None)),
+                        ("--preempt-signal", getattr(ns, "preempt_signal", None)),
+                        ("--preempt-grace", getattr(ns, "preempt_grace", None)),
                         ("--rdzv-conf", getattr(ns, "rdzv_conf", None) or None)):
         if value is not None:
             options += [flag, str(value)]
@@ -376,7 +378,9 @@ def _terminate_over_ssh(procs: list, nodes: Sequence, say: Callable) -> set:
 
 
 def _stop(procs: list, nodes: Sequence, sig: int, grace: float, say: Callable = lambda line: None) -> None:
-    reached = _terminate_over_ssh(procs, nodes, say) if sig == signal.SIGTERM else set()
+    """``sig`` to the local agents; SIGTERM to the agents over ssh (a preemption: the --preempt-signal too), but
+    for a Ctrl-C, which only hangs them up."""
+    reached = _terminate_over_ssh(procs, nodes, say) if sig != signal.SIGINT else set()
     for proc, node in zip(procs, nodes):
         if proc.poll() is None and node.rank not in reached:
             # An ssh client stopped with SIGTERM hangs the remote agent up (see SSH): its workers end unsaved.
@@ -400,17 +404,18 @@ def _preempted(procs: list, say: Callable) -> int:
     return 0
 
 
-def run_nodes(nodes: Sequence, *, poll: float = 0.1, grace: float = 30.0,
+def run_nodes(nodes: Sequence, *, poll: float = 0.1, grace: float = 30.0, preempt_signal: int | None = None,
               say: Callable = lambda line: print(f"ringtrain run: {line}", file=sys.stderr, flush=True)) -> int:
-    """Start every node's agent, wait for all; stop the rest when one fails or on SIGINT/SIGTERM.
+    """Start every node's agent, wait for all; stop the rest when one fails or on SIGINT/SIGTERM (and on
+    ``preempt_signal``, --preempt-signal's: passed on as SIGTERM is).
 
-    Returns 0, the first failing node's exit code, or 128+N when stopped by signal N.
-    Agents share this process's stdout/stderr; each runs in a session of its own, so a
-    Ctrl-C in the terminal reaches them once, forwarded from here.
+    Returns 0, the first failing node's exit code, PREEMPTED_EXIT when every node saved its preemption
+    checkpoint, or 128+N when stopped by signal N. Agents share this process's stdout/stderr; each runs in a
+    session of its own, so a Ctrl-C in the terminal reaches them once, forwarded from here.
     """
     received: list = []
     handlers = {s: signal.signal(s, lambda signum, frame: received.append(signum))
-                for s in (signal.SIGINT, signal.SIGTERM)}
+                for s in {signal.SIGINT, signal.SIGTERM, *([preempt_signal] if preempt_signal else [])}}
     procs: list = []
     try:
         arm = _term_with_parent()

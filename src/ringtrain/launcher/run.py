@@ -392,6 +392,7 @@ import sys
 import threading
 
 from ..errors import RingtrainError
+from ..loop import preempt
 from . import discovery, flags, horovod_flags, hosts, preflight
 from .agent import execute
 from .plan import plan_from_args
@@ -425,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ringtrain run: {e}", file=sys.stderr)
         return 2
     if ns.hosts is not None or ns.hostfile is not None:
-        return hosts.run_nodes(nodes)
+        return hosts.run_nodes(nodes, preempt_signal=preempt.signal_of(ns.preempt_signal, "--preempt-signal")
+                               if ns.preempt_signal else None)
     try:
         plan = plan_from_args(ns)
         warnings = preflight.check(plan)  # against this machine: here, not in plan_from_args, which -H runs elsewhere
