@@ -184,7 +184,7 @@ sys.stdout.write(f"RESULT rank={ring.rank} steps={ring.optimizer_steps}\n")
 """
 
 
-def preempted_by(command: list[str], sig: int, cwd: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
+def preempted_by(command: list[str], sig: int, cwd: Path, env: dict) -> tuple[subprocess.CompletedProcess, float]:
     """Run ``command`` (a job of PREEMPTIBLE) in ``cwd``, send it ``sig`` once rank 0 is past step 3; the finished
     process and the seconds from the signal to its exit."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)

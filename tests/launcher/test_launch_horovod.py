@@ -250,7 +250,8 @@ def test_command_line_to_nodes(tmp_path, monkeypatch):
     preempting = hosts.nodes_from_args(_ns("-np", "2", "-H", "thisbox:1,node2:1", "--preempt-signal", "USR1",
                                            "--preempt-grace", "90", str(script)), environ={}, names=HERE)
     for words in (preempting[0].argv, shlex.split(preempting[1].argv[-1])):  # every agent, over ssh too
-        assert words[words.index("--preempt-signal") + 1] == "USR1" and words[words.index("--preempt-grace") + 1] == "90.0"
+        assert words[words.index("--preempt-signal") + 1] == "USR1"
+        assert words[words.index("--preempt-grace") + 1] == "90.0"
     assert shlex.split(nodes[1].argv[-1])[1] == str(tmp_path)
     hostfile = write(tmp_path / "hosts", "node1 slots=2\nnode2 slots=2\n")
     write(tmp_path / "pkg" / "__init__.py", "")

@@ -29,8 +29,16 @@ import time
 from pathlib import Path
 
 import pytest
-from _launch_util import (PREEMPTIBLE, child_env, free_port, outputs, preempted_by, preemption_problems, ringtrain_cmd,
-                          write)
+from _launch_util import (
+    PREEMPTIBLE,
+    child_env,
+    free_port,
+    outputs,
+    preempted_by,
+    preemption_problems,
+    ringtrain_cmd,
+    write,
+)
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -345,7 +353,8 @@ def test_a_rank_that_raises_ends_the_job_in_seconds_with_a_node_over_ssh(sshd, t
     # The launcher stops the other nodes with SIGTERM, over ssh too: a node that takes it for a preemption must still
     # end at once when its peer is gone, not wait out a grace period or a timeout.
     raises = '    if ring.rank == 0 and step == 6:\n        raise ValueError("bad batch at step 6")\n'
-    script = write(tmp_path / "train.py", PREEMPTIBLE.replace("    time.sleep(0.05)\n", raises + "    time.sleep(0.05)\n"))
+    pause = "    time.sleep(0.05)\n"
+    script = write(tmp_path / "train.py", PREEMPTIBLE.replace(pause, raises + pause))
     start = time.monotonic()
     proc = _job(sshd, "-np", "2", "-H", f"127.0.0.1:1,{REMOTE}:1", "--ssh-port", str(sshd["port"]),
                 "--ssh-identity-file", sshd["key"], str(script), cwd=tmp_path)
