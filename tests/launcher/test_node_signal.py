@@ -42,3 +42,22 @@ def test_a_token_no_process_carries_is_exit_1_and_says_so(capsys):
     assert node_signal.main([os.urandom(8).hex(), "TERM"]) == 1
     assert "the node's agent has ended" in capsys.readouterr().err
     assert node_signal.main(["only-one-argument"]) == 2
+
+
+def test_a_node_the_signal_cannot_reach_is_named_and_left_to_the_hang_up():
+    from ringtrain.launcher.hosts import Node, _terminate_over_ssh
+
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the node's ssh client, running
+    fails = [sys.executable, "-c", "import sys; print('ssh: connect to host far: No route to host'); sys.exit(255)"]
+    try:
+        said: list = []
+        assert _terminate_over_ssh([agent], [Node("far", 0, 1, False, ["ssh"], fails)], said.append) == set()
+        assert said == ["node 0 (far): SIGTERM over ssh did not reach its agent (exit 255: ssh: connect to host far: "
+                        "No route to host); its session is hung up instead"]
+        reaches = [sys.executable, "-c", "pass"]
+        assert _terminate_over_ssh([agent], [Node("far", 0, 1, False, ["ssh"], reaches)], said.append) == {0}
+        assert _terminate_over_ssh([agent], [Node("here", 0, 1, True, ["python"])], said.append) == set()  # local
+        assert len(said) == 1
+    finally:
+        agent.kill()
+        agent.wait()

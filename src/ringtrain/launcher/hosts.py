@@ -362,10 +362,10 @@ def _terminate_over_ssh(procs: list, nodes: Sequence, say: Callable) -> set:
     sending = {node.rank: subprocess.Popen(node.terminate_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
                for proc, node in zip(procs, nodes) if proc.poll() is None and node.terminate_argv}
-    reached = set()
+    reached, deadline = set(), time.monotonic() + TERMINATE_TIMEOUT
     for rank, sender in sending.items():
         try:
-            said, _ = sender.communicate(timeout=TERMINATE_TIMEOUT)
+            said, _ = sender.communicate(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             sender.kill()
             said, _ = sender.communicate()
@@ -432,7 +432,7 @@ def run_nodes(nodes: Sequence, *, poll: float = 0.1, grace: float = 30.0, preemp
             codes = [p.poll() for p in procs]
             failed = next(((node, c) for node, c in zip(nodes, codes) if c not in (None, 0)), None)
             if failed is not None:
-                _stop(procs, nodes, signal.SIGTERM, grace, say)
+                _stop(procs, nodes, signal.SIGTERM, grace)  # (a node over ssh that ended meanwhile: no word)
                 if _preempted(procs, say):  # a node's ranks were preempted: the others save and leave too
                     return PREEMPTED_EXIT
                 say(_describe(failed[0], _code(failed[1])))
