@@ -176,17 +176,11 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
                 else:
                     broadcast(t.data)
         self.units = _units.choose(module, self.wrap)
-        full = _full_precision_norms(module, dtype)
-        for name in full:  # leaves first: fully_shard goes bottom-up
+        full = _full_precision_norms(module, dtype)  # leaves first, before the units: fully_shard goes bottom-up
+        norm = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=dtype)
+        for name in [*full, *(u for u in self.units if u not in full)]:
             fully_shard(module.get_submodule(name), mesh=mesh, reshard_after_forward=self.reshard_after_forward,
-                        mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
-                                                       output_dtype=dtype),
-                        offload_policy=offload)
-        for name in self.units:
-            if name in full:
-                continue
-            fully_shard(module.get_submodule(name), mesh=mesh, reshard_after_forward=self.reshard_after_forward,
-                        mp_policy=inner, offload_policy=offload)
+                        mp_policy=norm if name in full else inner, offload_policy=offload)
         # The model's own unit is needed again as soon as backward starts: keep it gathered (torch's default).
         fully_shard(module, mesh=mesh, reshard_after_forward=False, mp_policy=outer, offload_policy=offload)
         if meta:
