@@ -55,18 +55,28 @@ def import_extra(module: str, extra: str, what: str) -> ModuleType:
         raise _extra_error(module, extra, what, e) from e
 
 
+def pyplot(extra: str, what: str) -> ModuleType:
+    """``matplotlib.pyplot`` drawing to files (Agg: CI machines and ssh sessions have no display); where matplotlib
+    is missing, the error that names ``extra``."""
+    import_extra("matplotlib", extra, what).use("Agg")
+    return importlib.import_module("matplotlib.pyplot")
+
+
+def _package(module: str) -> str:
+    top = module.split(".")[0]
+    return EXTRA_PACKAGES.get(top, top)
+
+
 def extra_hint(module: str, extra: str) -> str:
     """``pip install "ringtrain[plot]" (it brings matplotlib; or pip install matplotlib).``"""
-    top = module.split(".")[0]
-    package = EXTRA_PACKAGES.get(top, top)
+    package = _package(module)
     return f'pip install "ringtrain[{extra}]" (it brings {package}; or pip install {package}).'
 
 
 def _extra_error(module: str, extra: str, what: str, error: ImportError | None = None) -> RingtrainError:
-    top = module.split(".")[0]
-    absent = error is None or isinstance(error, ModuleNotFoundError) and error.name in (top, module)
+    absent = error is None or isinstance(error, ModuleNotFoundError) and error.name in (module.split(".")[0], module)
     found = "is not installed" if absent else f"does not import ({one_line(error)})"
-    return RingtrainError(f"{what} needs {EXTRA_PACKAGES.get(top, top)}, which {found}", extra_hint(module, extra))
+    return RingtrainError(f"{what} needs {_package(module)}, which {found}", extra_hint(module, extra))
 
 
 class HintingParser(argparse.ArgumentParser):

@@ -168,7 +168,7 @@ OPTIONAL = set(EXTRA_PACKAGES) | {"wandb", "mlflow", "monai", "nibabel", "torch.
 
 def test_every_optional_import_in_the_library_says_its_extra():
     """A module of ringtrain that imports an optional package also asks errors.import_extra / missing_extra for it
-    (which name the extra), unless it is a ring.log adapter (tracking/adapter.py checks those before the Ring
+    (which name the extra; errors.pyplot asks for matplotlib), unless it is a ring.log adapter (tracking/adapter.py checks those before the Ring
     forms). A new `import matplotlib` elsewhere fails here until it says what brings it."""
     import ast
 
@@ -182,6 +182,8 @@ def test_every_optional_import_in_the_library_says_its_extra():
         asked = {node.args[0].value.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Call)
                  and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("import_extra", "missing_extra")
                  and node.args and isinstance(node.args[0], ast.Constant)}
+        if any(isinstance(node, ast.Call) and getattr(node.func, "id", None) == "pyplot" for node in ast.walk(tree)):
+            asked.add("matplotlib")
         adapter = path.parent.name == "tracking" and path.name.startswith("to_")
         for name in sorted(optional):
             if not adapter and name.split(".")[0] not in asked:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 import ringtrain as rt
 
-from ..errors import RingtrainError, import_extra
+from ..errors import RingtrainError, pyplot
 from ..loop.precision import bf16_problem
 from .datasets import cifar100
 from .names import EXTRA
@@ -282,9 +282,7 @@ def preset_table(rows: list[dict], meta: dict) -> str:
 
 
 def preset_png(rows: list[dict], meta: dict, path: str) -> str:
-    matplotlib = import_extra("matplotlib", EXTRA, "throughput.png")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(EXTRA, "throughput.png")
 
     ok = [r for r in rows if r["images_per_s"]]
     labels = list(dict.fromkeys(_label(r) for r in ok))

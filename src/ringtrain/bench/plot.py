@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import textwrap
 
-from ..errors import import_extra
+from ..errors import pyplot
 from .names import EXTRA, MODES
 
 REFERENCE = "raw-ddp"
@@ -47,9 +47,7 @@ def throughput_png(rows: list[dict], meta: dict, path: str) -> str:
 
 def figure(rows: list[dict], meta: dict):
     """The plot as a matplotlib Figure (the caller saves and closes it)."""
-    matplotlib = import_extra("matplotlib", EXTRA, "throughput.png")
-    matplotlib.use("Agg")  # no display needed: CI machines and ssh sessions have none
-    import matplotlib.pyplot as plt
+    plt = pyplot(EXTRA, "throughput.png")
 
     ok = [r for r in rows if r["status"] == "ok"]
     precisions = list(dict.fromkeys(r["precision"] for r in ok)) or ["32"]

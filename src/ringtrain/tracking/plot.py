@@ -27,7 +27,7 @@ import math
 import os
 import sys
 
-from ..errors import HintingParser, RingtrainError, import_extra, missing_extra
+from ..errors import HintingParser, RingtrainError, missing_extra, pyplot
 from ..liveness.stall import per_rank_stats
 from .table import read_rows
 
@@ -75,12 +75,7 @@ def run_totals(rows: list[dict[str, float | None]]) -> dict[int, dict[str, float
 EXTRA = "plot"  # pyproject.toml's extra that brings matplotlib
 
 
-def _pyplot():
-    matplotlib = import_extra("matplotlib", EXTRA, "drawing curves.png and ranks.png")
-    matplotlib.use("Agg")  # no display needed: CI machines and ssh sessions have none
-    import matplotlib.pyplot as plt
-
-    return plt
+DRAWING = "drawing curves.png and ranks.png"
 
 
 def _save(fig, path: str) -> str:
@@ -91,7 +86,7 @@ def _save(fig, path: str) -> str:
 
 
 def curves_png(curves: dict[str, tuple[list[float], list[float]]], path: str, title: str) -> str:
-    plt = _pyplot()
+    plt = pyplot(EXTRA, DRAWING)
     columns = min(3, len(curves))
     rows = math.ceil(len(curves) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 2.9 * rows + 0.5), squeeze=False)
@@ -145,7 +140,7 @@ def ranks_png(rows: list[dict[str, str]], path: str, title: str) -> str:
     whole = per_rank_stats(totals)
     against_run_fastest(by_rank, totals)
     shown = sorted(sorted(by_rank, key=lambda r: -mean_step[r])[:MAX_RANK_PANELS])  # the slowest, in rank order
-    plt = _pyplot()
+    plt = pyplot(EXTRA, DRAWING)
     columns = min(2, len(shown))
     grid = math.ceil(len(shown) / columns)
     fig, axes = plt.subplots(grid, columns, figsize=(6.2 * columns, 2.4 * grid + 0.9), squeeze=False,
@@ -191,7 +186,7 @@ def plot(folder: str, out: str | None = None) -> list[str]:
     if not os.path.isfile(metrics):
         raise RingtrainError(f"{folder!r} has no metrics.csv",
                              "give the folder ring.log wrote (printed as 'ringtrain: logging to ...' when it began).")
-    lacking = missing_extra("matplotlib", EXTRA, "drawing curves.png and ranks.png")
+    lacking = missing_extra("matplotlib", EXTRA, DRAWING)
     if lacking is not None:
         raise lacking
     out = out or folder

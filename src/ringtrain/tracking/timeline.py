@@ -402,7 +402,7 @@ def merge_after_job(target: str) -> None:
         folder, name = check_target(target, create=False)
         parts = glob.glob(os.path.join(glob.escape(folder), f"{glob.escape(name)}.rank-*.json"))
         # The picture counts only where it can be drawn: without matplotlib the rank that merged said so once.
-        kinds = ("json", "png") if missing_extra("matplotlib", PLOT_EXTRA, "timeline.png") is None else ("json",)
+        kinds = ("json", "png") if picture_lacks(folder) is None else ("json",)
         merged = [os.path.join(folder, f"{name}.{kind}") for kind in kinds]
         if not parts:
             _say(f"no timeline part in {folder}: did the script train through a ring or hvd?")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
-from ..errors import import_extra
+from ..errors import pyplot
 from ..liveness.stall import per_rank_stats, per_rank_summary
 from .plot import EXTRA as PLOT_EXTRA
 
@@ -196,9 +196,7 @@ def timeline_png(parts: dict[int, dict], path: str) -> str:
 
 def figure(parts: dict[int, dict]):
     """The picture as a matplotlib Figure (the caller saves and closes it)."""
-    matplotlib = import_extra("matplotlib", PLOT_EXTRA, "drawing timeline.png")
-    matplotlib.use("Agg")  # no display needed: CI machines and ssh sessions have none
-    import matplotlib.pyplot as plt
+    plt = pyplot(PLOT_EXTRA, "drawing timeline.png")
     from matplotlib.patches import Patch
 
     ranks = sorted(parts)
