@@ -15,15 +15,19 @@ import torch
 from torch import nn
 
 from . import strategies, tracking
+from .checkpoint import selfcheck, values
 from .checkpoint.resume import Resumer
 from .checkpoint.state_files import move_optimizer_state
 from .errors import RingtrainError
 from .liveness.stall import per_rank_stats
 from .liveness.watchdog import collective_checks_of
 from .loop import loops, precision as precisions, preempt as preempts
+from .loop.batches import DrawnBatches
 from .loop.data import RingLoader, make_loader
+from .loop.plain_loaders import PlainLoaders
 from .loop.held import Held
-from .loop.optim import NonFiniteGuard, NoSyncWindow, RingScheduler, ScalerSteps, replace_parameters, wrap_optimizer
+from .loop.optim import (NonFiniteGuard, NoSyncWindow, ReplacedParameters, RingScheduler, ScalerSteps,
+                         replace_parameters, wrap_optimizer)
 from .loop.progress import Progress
 from .loop.seeding import configure_kernels, seed_everything
 from .loop.step import Step
@@ -76,6 +80,7 @@ class Ring:
         save_every: int | None = None,
         keep_last: int = 3,
         resume: str = "auto",
+        resume_tolerance: float | None | str = "auto",
         nonfinite: str = "raise",
         debug_collectives: bool | float = False,
         stall_warning: float | None | str = "default",
@@ -94,7 +99,8 @@ class Ring:
         self.activity = self.strategy.activity  # what this rank's main thread reports; its watchdog reads it
         self.env = env
         # Everything the arguments can get wrong is checked before joining the group.
-        self.step_state = Step(accumulate, save_every)
+        checkpoints = Resumer.checkpoint_dir(checkpoint_dir, save_every, keep_last, resume)
+        self.step_state = Step(accumulate, Resumer.save_every_of(save_every))
         self._global_batch = Held.check_global_batch(global_batch)
         if global_batch is not None and accumulate != 1:
             raise RingtrainError(f"Ring got both accumulate={accumulate} and global_batch={global_batch}",
@@ -102,7 +108,7 @@ class Ring:
         precision = precisions.canonical(precision)
         self.nonfinite = NonFiniteGuard(nonfinite, self.strategy)
         self.strategy.configure(accumulate=accumulate, nonfinite=nonfinite, sync_batchnorm=sync_batchnorm)
-        checkpoints = Resumer.checkpoint_dir(checkpoint_dir, save_every, keep_last, resume)
+        selfcheck.tolerance_of(resume_tolerance, torch.device("cpu"), deterministic)  # checked before the group forms
         preemption = preempts.of(checkpoint_dir, preempt_signal, preempt_grace, requeue)
         self._log = tracking.RunLog(log_dir, log_with, checkpoint_dir, self.activity)
         timeline = timelines.ring_target(timeline)
@@ -118,14 +124,18 @@ class Ring:
         replicas = self.strategy.data_parallel_size
         self.held = Held(self.step_state, self.precision.scaler, nonfinite=self.nonfinite,
                          devices=replicas * self.strategy.devices_per_process,
-                         stages=self.world_size // replicas if isinstance(self.strategy, PipelineSchedule) else 1)
+                         stages=self.world_size // replicas if isinstance(self.strategy, PipelineSchedule) else 1,
+                         extras=values.Extras())
         self._remaining_batches: int | None = None
         self._window = NoSyncWindow(self.step_state, getattr(self.strategy, "no_sync", None),
                                     lambda: self._remaining_batches)
         self._scaler_steps = ScalerSteps(self.precision.scaler)
         self.step_state.on_new_window(self._scaler_steps.update)
         self._last_loss: torch.Tensor | None = None
-        self.resumer = Resumer(self.strategy, self.held, checkpoints, resume)  # takes the folder
+        self._replaced = ReplacedParameters()  # parameters a strategy replaced: an optimizer still on them is named
+        self._plain_loaders = PlainLoaders(self.strategy, self.held, self.print)
+        self.resumer = Resumer(self.strategy, self.held, checkpoints, resume,  # takes the folder
+                               selfcheck.tolerance_of(resume_tolerance, self.device, deterministic))
         if preemption is not None and preemption.install():  # from here on, SIGTERM is answered at a safe point
             self.held.preemption = preemption
 
@@ -174,12 +184,11 @@ class Ring:
             model = convert_sync_batchnorm(model)
         self.strategy.check_same_model(model)
         mine = {k: v for k, v in options.items() if k in self.strategy.MODULE_OPTIONS}
-        before = {name: id(p) for name, p in model.named_parameters()}
+        originals = dict(model.named_parameters())
         wrapped = self.strategy.setup_module(model, self.precision, **mine)
         # FSDP puts shards in place of the parameters, the meta device real tensors: the optimizer follows.
-        replaced = {before[name]: p for name, p in self.strategy.named_parameters(wrapped).items()
-                    if name in before and before[name] != id(p)}
-        self.held.models.append(wrapped)
+        replaced = self._replaced.swap(originals, self.strategy.named_parameters(wrapped), given=optimizer)
+        self.held.add_model(wrapped, self.strategy.unwrap(wrapped))
         if isinstance(self.strategy, BackwardSyncControl):
             self._window.attach(wrapped)  # no_sync inside windows (ring.accumulate may still be set before training)
         if self.seed is not None:
@@ -239,6 +248,19 @@ class Ring:
         answered there. Each iteration is one optimizer step: its ring.backward calls, then optimizer.step()."""
         return loops.steps(self.held, self.resumer, n)
 
+    def keep(self, obj: Any, name: str | None = None) -> Any:
+        """``obj`` (with ``state_dict()``/``load_state_dict()``: the script's own loader, a sampler, an EMA) rides in
+        every checkpoint, each rank's own state, and is loaded back on resume; returns it (checkpoint/per_rank.py)."""
+        self.resumer.keep(obj, name)
+        return obj
+
+    def batches(self, draw: Any) -> DrawnBatches:
+        """``get_batch = ring.batches(get_batch)``: a batch drawn before a checkpoint and trained after it (a prefetch)
+        rides in the checkpoint, and a resumed run's first such call gets it back (loop/batches.py)."""
+        drawn = DrawnBatches(draw, len(self.held.batches))
+        self.resumer.add_batches(drawn)
+        return drawn
+
     def _note_loader(self, made: RingLoader) -> None:  # a ring loader hands out a batch: the last step is done
         self._remaining_batches = made.remaining()
         self.resumer.safe_point()
@@ -254,7 +276,9 @@ class Ring:
             )
         self.step_state.check_lr(self.held.optimizers)
         self.resumer.safe_point(late=True)  # a loop with no safe point of its own (see steps)
+        self._plain_loaders.first_backward()  # a plain DataLoader under data parallelism: said once
         skip = self.nonfinite.skip(loss, self.optimizer_steps, self.held.epoch)
+        self.resumer.note_loss(loss)  # the resumed run's self-check (checkpoint/selfcheck.py)
         divisor, _ = self.step_state.next_backward(self._remaining_batches)
         scaled = self.precision.scaler.scale(loss / divisor if divisor > 1 else loss)
         try:
@@ -358,6 +382,7 @@ class Ring:
     def close(self) -> None:
         """Write a periodic checkpoint that is due (a loop left with ``break`` right after its step), finish this
         rank's asynchronous checkpoint, if one is being written; leave the process group."""
+        self._replaced.close()
         self.resumer.safe_point()
         self.resumer.flush(agree=False)
         self.resumer.release()
@@ -372,6 +397,7 @@ class Ring:
         if error is None:  # a loop left with break right after a due step: its checkpoint is still written
             self.resumer.safe_point()
             self.resumer.flush()
+        self._replaced.close()
         preempts.stop(self.held, settle=error is None)
         self._log.close()
         timelines.close(self._timeline)

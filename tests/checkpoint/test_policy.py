@@ -21,7 +21,8 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def _snapshot(folder: str) -> dict[str, bytes]:
-    return {name: open(os.path.join(folder, name), "rb").read() for name in sorted(os.listdir(folder))}
+    return {name: open(os.path.join(folder, name), "rb").read() for name in sorted(os.listdir(folder))
+            if os.path.isfile(os.path.join(folder, name))}
 
 
 def test_another_configuration_is_refused_under_auto_and_taken_under_force_or_never(run_ranks, tmp_path, capsys):

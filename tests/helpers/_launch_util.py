@@ -217,7 +217,7 @@ def preemption_problems(first: subprocess.CompletedProcess, cwd: Path, env: dict
     step = int(saved[0].split("-")[1].split(".")[0])
     second = subprocess.run(first.args, capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
     problems = [] if second.returncode == 0 else [f"the rerun exited {second.returncode}"]
-    if f"resumed from ckpt/{saved[0]} (epoch None, step {step})" not in second.stdout:
+    if f"resumed from ckpt/{saved[0]} (step {step})" not in second.stdout:
         problems.append(f"the rerun did not resume from {saved[0]}")
     if sorted(re.findall(r"RESULT rank=(\d) steps=(\d+)", second.stdout)) != [("0", "150"), ("1", "150")]:
         problems.append("the rerun did not end both ranks at step 150")

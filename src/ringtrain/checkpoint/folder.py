@@ -213,6 +213,10 @@ class CheckpointDir:
             raise
 
     # --- reading ---------------------------------------------------------------
+    def entries(self) -> list[dict[str, Any]]:
+        """The manifest's entries of the listed checkpoints (``file``, ``step``, ``epoch``, ``seconds``), oldest first."""
+        return self._entries()
+
     def candidates(self) -> list[str]:
         """Paths of the listed checkpoints, newest first."""
         return [os.path.join(self.folder, e["file"]) for e in reversed(self._entries())]

@@ -34,6 +34,7 @@ from ..loop.held import Held
 from ..loop.preempt import EXIT_CODE, Preempted, mark, requeue
 from . import files, fingerprint, lock as folder_lock, policy as resume_policy, rng, sharded, state
 from .folder import CheckpointDir
+from .selfcheck import LossRecord, check_folder
 from .state_files import StateFiles, resume_loader
 
 
@@ -41,10 +42,16 @@ class Resumer(StateFiles):
     """Checkpoints of one ring: when to save, where, and how to continue from one (saving and loading a path
     itself: state_files.py)."""
 
-    def __init__(self, strategy: Any, held: Held, checkpoints: CheckpointDir | None = None, resume: str = "auto"):
+    def __init__(self, strategy: Any, held: Held, checkpoints: CheckpointDir | None = None, resume: str = "auto",
+                 tolerance: float | None = None):
         super().__init__(strategy, held)
         self.checkpoints = checkpoints
-        self.resume = resume
+        self.resume = "auto" if check_folder() else resume  # --check-resume's second run resumes, whatever the script says
+        # The resumed run's self-check (selfcheck.py): every rank's losses, recorded beside the checkpoints.
+        self.losses = None if checkpoints is None or tolerance is None else \
+            LossRecord(checkpoints.folder, strategy.rank, tolerance)
+        self._comparable = False  # resumed at the same world size and configuration: the same losses are due
+        self._safe_points = 0  # regular safe points passed (a loop with none resumes inexactly, and says so)
         self._resumed: dict[str, Any] | None = None  # the fingerprint of the checkpoint resumed from, until checked
         self._resumed_from = ""
         self._lock: folder_lock.FolderLock | None = None
@@ -57,6 +64,9 @@ class Resumer(StateFiles):
                        resume: str = "auto") -> CheckpointDir | None:
         """``Ring(checkpoint_dir=, save_every=, keep_last=, resume=)``, checked before any process group forms."""
         resume_policy.check_argument(resume, folder)
+        checking = check_folder()
+        if checking:  # ringtrain run --check-resume: every step saved into the check's folder, none dropped
+            folder, save_every, keep_last = checking, 1, 10**6
         if save_every is not None and (not isinstance(save_every, int) or save_every < 1 or folder is None):
             raise RingtrainError(
                 f"Ring got save_every={save_every!r} with checkpoint_dir={folder!r}",
@@ -65,6 +75,11 @@ class Resumer(StateFiles):
         return CheckpointDir(folder, keep_last) if folder else None
 
     # --- 1, 2: what the ring set up ------------------------------------------------------
+    @staticmethod
+    def save_every_of(save_every: int | None) -> int | None:
+        """``ringtrain run --check-resume``: a checkpoint every step, whatever the script asked (checked above)."""
+        return 1 if check_folder() else save_every
+
     def _claim(self) -> None:
         """The main process makes the folder ready and takes it for this job (folder_lock.py); every rank
         gets the outcome, so a refusal raises on all of them."""
@@ -90,6 +105,8 @@ class Resumer(StateFiles):
     def release(self, unless_saving: bool = False) -> None:
         """Give the checkpoint folder back (main process; ``ring.close``), or keep it while an asynchronous save
         is still being written (``unless_saving``: the process's exit gives it back)."""
+        if self.losses is not None:
+            self.losses.close()
         if self._lock is not None and not (unless_saving and self.saving):
             self._lock.release()
 
@@ -100,7 +117,7 @@ class Resumer(StateFiles):
         self._fingerprint["entries"].update(self._describe(targets))
         while True:
             try:
-                latest, said, self._resumed = self._agree(lambda: self._choose(list(targets)))
+                latest, said, self._resumed, self._comparable = self._agree(lambda: self._choose(list(targets)))
             except RingtrainError:
                 self.release()  # refused: the folder is not this run's to hold
                 raise
@@ -116,7 +133,8 @@ class Resumer(StateFiles):
                 self.say(self._agree(lambda: self.checkpoints.set_aside(damaged, why)))  # type: ignore[union-attr]
                 continue
             break
-        self.say(f"ringtrain: resumed from {latest} (epoch {self.resume_epoch}, step {self.step.optimizer_steps})")
+        epoch = f"epoch {self.resume_epoch}, " if self.resume_epoch is not None else ""
+        self.say(f"ringtrain: resumed from {latest} ({epoch}step {self.step.optimizer_steps})")
         self._say_if_slower_than_grace(self._agree(lambda: self.checkpoints.seconds_of(latest)))  # type: ignore[union-attr]
 
     def _describe(self, targets: dict[str, Any]) -> dict[str, Any]:
@@ -132,18 +150,20 @@ class Resumer(StateFiles):
                 described[name] = fingerprint.of_optimizer(target)
         return described
 
-    def _choose(self, names: list[str]) -> tuple[str | None, list[str], dict[str, Any] | None]:
-        """Main process: the checkpoint to resume from (or None), what to say, by ``resume=``, and its fingerprint."""
+    def _choose(self, names: list[str]) -> tuple[str | None, list[str], dict[str, Any] | None, bool]:
+        """Main process: the checkpoint to resume from (or None), what to say, by ``resume=``, its fingerprint, and
+        whether this run is the same as the one that wrote it (world size and configuration: the self-check's)."""
         latest = self.checkpoints.latest_readable()  # type: ignore[union-attr]
         notes, self.checkpoints.notes = self.checkpoints.notes, []  # type: ignore[union-attr]
         if latest is None:
-            return None, notes, None
+            return None, notes, None, False
         saved = fingerprint.saved_in(latest)
         if saved is None:
-            return latest, notes, None  # written before checkpoints held their configuration: nothing to compare
+            return latest, notes, None, False  # written before checkpoints held their configuration: nothing to compare
         changed = fingerprint.differences(saved, self._run_fingerprint(), names)
-        return latest, notes + (resume_policy.world_size_note(latest, saved, self.strategy.world_size)
-                        + resume_policy.judge(self.resume, self.checkpoints.folder, latest, changed)), saved  # type: ignore[union-attr]
+        resized = resume_policy.world_size_note(latest, saved, self.strategy.world_size)
+        return latest, notes + (resized + resume_policy.judge(self.resume, self.checkpoints.folder, latest, changed)), \
+            saved, not changed and not resized  # type: ignore[union-attr]
 
     def add_loader(self, made: RingLoader) -> None:
         if self._resumed is not None and self.held.global_batch is not None:  # the first training loader
@@ -167,6 +187,17 @@ class Resumer(StateFiles):
             for text in said:
                 self.say(text)
 
+    def note_loss(self, loss: torch.Tensor) -> None:
+        """``ring.backward``'s loss, before its window advances: recorded beside the checkpoints, and compared with
+        the run before the restart's where this run resumed one (selfcheck.py)."""
+        if self.losses is None:
+            return
+        if not self.losses.started:
+            resumed = self.step.optimizer_steps if self._resumed_from else None
+            # A loop without safe points of its own resumes inexactly, and was told so: no check to report.
+            self.losses.start(resumed, self._comparable and self._safe_points > 0)
+        self.losses.saw(self.step.optimizer_steps, self.step.micro, loss)
+
     def take_resume_epoch(self) -> int | None:
         epoch, self.resume_epoch = self.resume_epoch, None
         return epoch
@@ -182,6 +213,8 @@ class Resumer(StateFiles):
         if self._pending_rng is not None:
             rng.restore_rng(self._pending_rng)
             self._pending_rng = None
+        if not late:
+            self._safe_points += 1
         if self.step.save_every and self.step.backwards and not self.held.optimizers:
             raise RingtrainError(
                 f"Ring(save_every={self.step.save_every}) saves every {self.step.save_every} optimizer steps, but "

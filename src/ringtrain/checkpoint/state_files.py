@@ -22,7 +22,7 @@ from torch import nn
 from ..errors import RingtrainError, one_line
 from ..loop.data import RingLoader, move_to_device
 from ..loop.held import Held
-from . import files, rng, sharded, state
+from . import files, per_rank, rng, sharded, state, values
 from .model import is_plain_state_dict
 from .read import read_sharded
 
@@ -43,6 +43,9 @@ class StateFiles:
         self._async: sharded.AsyncSave | None = None
         self._fingerprint: dict[str, Any] = {"entries": {}}  # this run's configuration (fingerprint.py)
         self._pending_rng: dict[str, Any] | None = None  # a loaded checkpoint's random state, for the next safe point
+        self._restored: per_rank.Restored | None = None  # this rank's own state from the checkpoint read (per_rank.py)
+        self._captured: list[dict[str, Any]] | None = None  # every rank's own state, for the save being made
+        self._encoded: set[str] = set()  # ... of which rank 0's extras, already encoded, are the entries named here
 
     @property
     def is_main(self) -> bool:
@@ -105,7 +108,7 @@ class StateFiles:
             return
         meta = self._meta()
         # On every rank, in the same order: sharded and split models are gathered collectively.
-        payload = {name: self._full_state_of(v) for name, v in state_.items()}
+        payload = {name: self._full_state_of(v, name) for name, v in state_.items()}
         payload[files.META_KEY] = meta
 
         def write() -> None:
@@ -160,12 +163,18 @@ class StateFiles:
         if taken:
             raise RingtrainError(f"ring.extras has entries named like what the ring saves: {taken}",
                                  f"rename them: {sorted(self._targets)} are the models, optimizers and schedulers.")
-        return {**extras, **state_}
+        # Every rank's own state (collective), encoded so the safe reader takes it back; a value that would not read
+        # back is refused on every rank before anything is written. The entries at the top are rank 0's, as before
+        # (torch.load(path)["best_val_loss"]); each rank resumes from its own record in the meta (per_rank.py).
+        self._captured = per_rank.gather(self.strategy, self.held)
+        self._encoded = set(self._captured[0]["extras"]) - set(state_)
+        return {**self._captured[0]["extras"], **state_}
 
     def _meta(self) -> dict[str, Any]:
         """What continuing exactly needs (collective: every rank's RNG state is gathered)."""
         return {
-            "extras": sorted(self.held.extras),
+            "extras": sorted(self._captured[0]["extras"]) if self._captured else [],
+            "ranks": self._captured or [],
             "format": files.FORMAT,
             "world_size": self.strategy.world_size,
             "rng": self.strategy.gather_object(rng.capture_rng()),
@@ -183,12 +192,19 @@ class StateFiles:
         params = self.strategy.named_parameters(module) if module is not None else {}
         return params, state.parameter_names(params)
 
-    def _full_state_of(self, value: Any) -> Any:
+    def _full_state_of(self, value: Any, name: str = "") -> Any:
         if isinstance(value, nn.Module):
             return self.strategy.module_state(value)
         if isinstance(value, torch.optim.Optimizer):
             return self.strategy.optimizer_state(value, self.held.module_of(value))
-        return files.state_of(value)
+        return self._plain(name, value)
+
+    def _plain(self, name: str, value: Any) -> Any:
+        """A value that is neither a model nor an optimizer, as the checkpoint holds it: an object's state_dict(),
+        else the value encoded for the safe reader (values.py; rank 0's extras come encoded already)."""
+        if hasattr(value, "state_dict") and callable(value.state_dict):
+            return value.state_dict()
+        return value if name in self._encoded else values.encode(value, name)
 
     def _local_tree(self, state_: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         """What this rank holds of each entry (shards stay shards), and each entry's kind."""
@@ -201,7 +217,7 @@ class StateFiles:
                 tree[name], kinds[name] = state.named_optimizer(value, names), "optimizer"
             else:  # rank 0's value, kept whole in ringtrain.pt (as in a full file)
                 kinds[name] = "value"
-                tree[name] = sharded.Whole(files.to_cpu(files.state_of(value)))
+                tree[name] = sharded.Whole(files.to_cpu(self._plain(name, value)))
         return tree, kinds
 
     def load(self, path: str, **targets: Any) -> dict[str, Any]:
@@ -244,11 +260,45 @@ class StateFiles:
                 )
         if isinstance(meta, dict):
             self._restore_meta(meta)
-            extras = [k for k in meta.get("extras") or [] if k in ckpt and k not in targets]
-            if extras or self.held.extras:  # a resumed run finds the checkpoint's values in ring.extras
-                self.held.extras.clear()
-                self.held.extras.update({k: ckpt[k] for k in extras})
-        return {k: move_to_device(v, self.strategy.device) for k, v in ckpt.items() if k not in targets and k != files.META_KEY}
+            self._restore_own(meta, ckpt, targets)
+        return {k: move_to_device(values.decode(v, k), self.strategy.device) for k, v in ckpt.items()
+                if k not in targets and k != files.META_KEY}
+
+    def _restore_own(self, meta: dict[str, Any], ckpt: dict[str, Any], targets: dict[str, Any]) -> None:
+        """Each rank's own ``ring.extras``, ``ring.keep`` states and ``ring.batches`` back (per_rank.py); a checkpoint
+        written before they were per rank gives every rank rank 0's extras, as it did."""
+        records = meta.get("ranks")
+        if records:
+            restored = per_rank.Restored(records, self.strategy.rank, self.strategy.world_size, self.strategy.device)
+            for line in restored.said:
+                self.say(line)
+            extras = restored.decoded_extras()
+        else:
+            restored = None
+            extras = {k: values.decode(ckpt[k], k) for k in meta.get("extras") or [] if k in ckpt and k not in targets}
+        if extras or self.held.extras:  # a resumed run finds the checkpoint's values in ring.extras
+            self.held.extras.clear()
+            self.held.extras.update(extras)
+        self._restored = restored
+        if restored is None:
+            return
+        for name, obj in self.held.kept.items():
+            restored.load_kept(name, obj)
+        for drawn in self.held.batches:
+            restored.give_batches(drawn)
+
+    def keep(self, obj: Any, name: str | None) -> str:
+        """``ring.keep``: held from now on; a checkpoint read already gives it its saved state now."""
+        name = self.held.keep(obj, name)
+        if self._restored is not None:
+            self._restored.load_kept(name, obj)
+        return name
+
+    def add_batches(self, drawn: Any) -> None:
+        """``ring.batches``: a checkpoint read already gives the wrapper its held batches now."""
+        self.held.batches.append(drawn)
+        if self._restored is not None:
+            self._restored.give_batches(drawn)
 
     def _read_sharded(self, path: str, targets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """A sharded folder, each rank reading the pieces its own layout holds."""

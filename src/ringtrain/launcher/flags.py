@@ -146,6 +146,11 @@ def build_parser(manual: str) -> argparse.ArgumentParser:
             "type": float, "metavar": "SECONDS", "help": "the seconds the scheduler leaves between its signal and "
             "SIGKILL: the workers' rings warn when a checkpoint takes longer, and torchrun's agent waits this long "
             "for them (--shutdown-timeout). Default: 30."}),
+        Flag(both("--check-resume"), "check_resume", {
+            "type": int, "metavar": "STEP", "help": "prove the script resumes exactly: run it to its end, then again "
+            "from its checkpoint of step STEP, and compare every loss and checkpoint past STEP bitwise (exit 0: exact; "
+            "1: the first step and tensor that differ). The rings save into a folder of the check's, a checkpoint "
+            "every step (see \"Exact resume\" below)."}),
         Flag(both("--timeline"), "timeline", {
             "metavar": "DIR", "help": "record every rank's steps (data, forward, backward, each gradient bucket's "
             "all-reduce, optimizer, checkpoint, collectives) into DIR/timeline.json (Perfetto / chrome://tracing) and "

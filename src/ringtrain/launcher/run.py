@@ -216,6 +216,20 @@ every ``ring.loader``. The run then ends with the parameters an uninterrupted ru
 have, every sample trained on as often; the steps after that checkpoint (fewer than N)
 are done again.
 
+A loop that draws its own batches resumes exactly when what it holds across a checkpoint is
+in it: a batch drawn before the checkpoint and trained after it (a prefetch) through
+``get_batch = ring.batches(get_batch)``, a loader object of the script's own (with
+``state_dict``/``load_state_dict``) through ``ring.keep(loader)``, other per-rank values in
+``ring.extras``. Every rank records the losses it trained on beside the checkpoints; a resumed
+run compares its own as it reaches those steps and names the first one that differs
+(``this resumed run is not the run it continues: at step N ...``), or says ``resume checked``.
+``--check-resume STEP`` proves it for a script: the job runs to its end, then again from its
+checkpoint of STEP (the rings save into a folder of the check's, every step), and every loss and
+checkpoint past STEP is compared bitwise: ``exact`` (exit 0), or the first step and tensor that
+differ (exit 1)::
+
+    ringtrain run --nproc-per-node 2 --check-resume 5 train.py
+
 Each attempt's workers get a new, empty store (``MASTER_PORT`` changes from the second
 attempt on): torchrun 2.13 hands restarted workers the previous attempt's store, where
 they can read a dead peer's address and fail to connect (see rendezvous.py).
@@ -393,7 +407,7 @@ import threading
 
 from ..errors import RingtrainError
 from ..loop import preempt
-from . import discovery, flags, horovod_flags, hosts, preflight
+from . import check_resume, discovery, flags, horovod_flags, hosts, preflight
 from .agent import execute
 from .plan import plan_from_args
 
@@ -417,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
         for flag in horovod_flags.environment(ns)[1]:
             print(f"ringtrain run: {flag} sets the HOROVOD_* variable horovodrun sets; ringtrain's Horovod does "
                   "not read it (it tunes Horovod's C++ core).", file=sys.stderr)
+        if ns.check_resume is not None and (ns.hosts is not None or ns.hostfile is not None):
+            raise RingtrainError("--check-resume runs the job twice on this machine; it takes no -H/--hostfile",
+                                 "check the script's resume on one node (e.g. --nproc-per-node 2), then run it on many.")
         if ns.hosts is not None or ns.hostfile is not None:
             nodes = hosts.nodes_from_args(ns, nnodes=ns.elastic_nnodes)
             os.environ.update(horovod_flags.environment(ns)[0])  # every agent's workers (ssh: forwarded)
@@ -429,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         return hosts.run_nodes(nodes, preempt_signal=preempt.signal_of(ns.preempt_signal, "--preempt-signal")
                                if ns.preempt_signal else None)
     try:
+        check_resume.check_step(ns.check_resume)
         plan = plan_from_args(ns)
         warnings = preflight.check(plan)  # against this machine: here, not in plan_from_args, which -H runs elsewhere
     except RingtrainError as e:
@@ -437,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     for warning in warnings:
         print(f"ringtrain run: {warning}", file=sys.stderr, flush=True)
     try:
+        if ns.check_resume is not None:
+            return check_resume.run(plan, ns.check_resume, execute)
         return execute(plan)
     except RingtrainError as e:
         print(f"ringtrain run: {e}", file=sys.stderr)

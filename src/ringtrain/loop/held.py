@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..errors import RingtrainError
+from .batches import DrawnBatches
 from .data import RingLoader
 from .step import Step
 
@@ -27,13 +28,45 @@ class Held:
     loaders: list[RingLoader] = field(default_factory=list)
     epoch: int | None = None  # the epoch ``ring.epochs`` is in, or None outside it
     nonfinite: Any = None  # the ring's NonFiniteGuard: a checkpoint never saves what a NaN step produced
-    extras: dict[str, Any] = field(default_factory=dict)  # the script's own values every checkpoint carries
+    extras: dict[str, Any] = field(default_factory=dict)  # the script's own values every checkpoint carries, per rank
+    kept: dict[str, Any] = field(default_factory=dict)  # ring.keep: objects whose state_dict rides along, per rank
+    batches: list[DrawnBatches] = field(default_factory=list)  # ring.batches: draws whose held batches ride along
     preemption: Any = None  # loop/preempt.Preemption: a ring with a checkpoint_dir answers SIGTERM with one
     _module_of: dict[int, nn.Module] = field(default_factory=dict)  # id(optimizer) -> the model it was set up with
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
         self.optimizers.append(optimizer)
         self._module_of[id(optimizer)] = model
+
+    def keep(self, obj: Any, name: str | None) -> str:
+        """``ring.keep(obj)``: its state rides in every checkpoint under ``name`` (default: its class and number)."""
+        for method in ("state_dict", "load_state_dict"):
+            if not callable(getattr(obj, method, None)):
+                raise RingtrainError(
+                    f"ring.keep got a {type(obj).__name__}, which has no {method}()",
+                    "give the object state_dict() (what resumes it: a position, a shard number) and "
+                    "load_state_dict(state); or keep plain values in ring.extras.")
+        if any(held is obj for held in self.kept.values()):
+            raise RingtrainError(f"ring.keep got the same {type(obj).__name__} twice", "keep each object once.")
+        if name is None:
+            name = f"{type(obj).__name__}-{len(self.kept)}"
+        if not isinstance(name, str) or not name or name in self.kept:
+            raise RingtrainError(f"ring.keep got name={name!r}, " + ("which is taken" if name in self.kept else
+                                 "which is not a non-empty string"), "give each kept object a name of its own.")
+        self.kept[name] = obj
+        return name
+
+    def add_model(self, wrapped: nn.Module, inner: nn.Module) -> None:
+        """A model ``ring.setup`` made; its forward (the wrapper's or the plain module's) tells ``ring.batches`` that
+        what was drawn before it is used."""
+        self.models.append(wrapped)
+        for module in {id(m): m for m in (wrapped, inner)}.values():
+            module.register_forward_pre_hook(self.forward_ran)
+
+    def forward_ran(self, *_: Any) -> None:
+        """A forward pre-hook on the ring's models: what ring.batches drew before it is used."""
+        for drawn in self.batches:
+            drawn.forward_ran()
 
     def module_of(self, optimizer: Any) -> nn.Module | None:
         """The model ``optimizer`` was set up with (its parameters' names), or None."""

@@ -13,9 +13,11 @@ import contextlib
 import functools
 import math
 import types
+import weakref
 from typing import Any, Callable
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..errors import RingtrainError
 from ..liveness.activity import Activity
@@ -81,6 +83,7 @@ def wrap_optimizer(
     previous_step = optimizer.step
     previous_zero_grad = optimizer.zero_grad
     inside = [False]
+    seen = [0]  # step_state.backward_calls at this optimizer's last step
     scaler = scaler_steps.scaler
     scaler_steps.add(optimizer)
 
@@ -91,6 +94,9 @@ def wrap_optimizer(
         if inside[0]:
             # GradScaler.step calls optimizer.step(): this is that inner call.
             return previous_step(closure) if closure is not None else previous_step()
+        if step_state.backward_calls == seen[0] and (step_state.k > 1 or scaler.is_enabled()):
+            raise_backward_not_ring(step_state.k, scaler.is_enabled())
+        seen[0] = step_state.backward_calls
         step_state.step_called()  # a step the window does not end raises here, in a loop that accumulates itself
         if not step_state.sync_now:
             return None
@@ -123,6 +129,72 @@ def wrap_optimizer(
     optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
     optimizer.zero_grad = types.MethodType(zero_grad, optimizer)  # type: ignore[method-assign]
     return optimizer
+
+
+def raise_backward_not_ring(k: int, fp16: bool) -> None:
+    """``optimizer.step()`` with no ``ring.backward`` since its last step, where that matters (issue 36, item 5:
+    ``loss.backward()`` under ``Ring(accumulate=4)`` stepped on every batch, and the global batch printed was false)."""
+    why = []
+    if k > 1:
+        why.append(f"Ring(accumulate={k}) counts micro-batches by ring.backward, so every optimizer.step() after a "
+                   f"plain loss.backward() would be a real step: the optimizer would step on every batch, not every {k}, "
+                   "and the global batch the ring printed would be false")
+    if fp16:
+        why.append("fp16 training scales the loss in ring.backward; after a plain loss.backward() the scaler would "
+                   "unscale gradients that were never scaled")
+    raise RingtrainError(
+        "optimizer.step() was called with no ring.backward(loss) since this optimizer's last step: " + "; and ".join(why),
+        "replace loss.backward() with ring.backward(loss) (it divides the loss by the window, scales it for fp16 and "
+        "skips the gradient all-reduce inside the window).")
+
+
+class ReplacedParameters:
+    """The parameters a strategy put something else in place of (FSDP's shards, a meta-device model made real), for
+    an optimizer ``ring.setup`` was not given: built on the model before the setup, it holds tensors nobody uses, and
+    training silently stays where it began (issue 36, item 6: FSDP at chance level, said only at ``ring.save``).
+    torch's global step pre-hook names it at its first step."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, Any] = {}  # id -> weakref of a replaced parameter (ids alone could be reused)
+        self._given: list[Any] = []  # weakrefs of the optimizers ring.setup got (pointed at the new parameters)
+        self._checked: set[int] = set()
+        self._handle: Any = None
+
+    def swap(self, originals: dict[str, torch.Tensor], now: dict[str, torch.Tensor],
+             given: torch.optim.Optimizer | None) -> dict[int, torch.Tensor]:
+        """The parameters the strategy replaced, id(old) -> new (for ``replace_parameters``); the old ones are
+        watched for an optimizer ``ring.setup`` was not given (``given``: the one it was)."""
+        replaced = {name: p for name, p in now.items() if name in originals and originals[name] is not p}
+        self.add([originals[name] for name in replaced], given)
+        return {id(originals[name]): p for name, p in replaced.items()}
+
+    def add(self, params: list[torch.Tensor], given: torch.optim.Optimizer | None) -> None:
+        self._refs.update({id(p): weakref.ref(p) for p in params})
+        if given is not None:
+            self._given.append(weakref.ref(given))
+        if params and self._handle is None:
+            self._handle = register_optimizer_step_pre_hook(self._check)
+
+    def _check(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if id(optimizer) in self._checked:
+            return
+        self._checked.add(id(optimizer))
+        if any(ref() is optimizer for ref in self._given):
+            return
+        stale = sum(1 for group in optimizer.param_groups for p in group["params"]
+                    if (ref := self._refs.get(id(p))) is not None and ref() is p)
+        if stale:
+            raise RingtrainError(
+                f"this {type(optimizer).__name__} steps {stale} parameter(s) that ring.setup replaced (the strategy "
+                "put shards or real tensors in their place): it was built on the model before ring.setup and not "
+                "given to it, so its steps change nothing the model uses, and training would stay where it began",
+                "give the optimizer to ring.setup — `model, optimizer = ring.setup(model, optimizer)` — or build it "
+                "after ring.setup from the model ring.setup returned.")
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
 
 
 def replace_parameters(optimizer: torch.optim.Optimizer, replaced: dict[int, torch.nn.Parameter]) -> None:

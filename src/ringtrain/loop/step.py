@@ -53,6 +53,7 @@ class Step:
         self.save_due = False
         self.mode: str | None = None  # "gated" or "own" (see the module docstring), once the first step shows it
         self.backwards = 0  # ring.backward calls since the last optimizer.step() of any optimizer
+        self.backward_calls = 0  # ring.backward calls in this process, ever (an optimizer's step asks: any since mine?)
         self.trained = False  # has this process trained (a backward, a step)? A resumed run has not, yet
         self.stepped_since_boundary = True
         self._drop_window = False
@@ -104,6 +105,7 @@ class Step:
         self.sync_now = boundary
         self.just_stepped = False
         self.backwards += 1
+        self.backward_calls += 1
         self.trained = True
         if boundary:
             self.stepped_since_boundary = False
