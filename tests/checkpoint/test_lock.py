@@ -77,7 +77,7 @@ def test_second_job_on_a_held_folder_is_refused_and_the_first_ends_as_alone(tmp_
     assert not results(second.stdout) and not (second_dir / "params.pt").exists()
     # The first ended with the parameters it has alone, and gave the folder back.
     assert (torch.load(paths["out"]) - alone).abs().max().item() <= 1e-6
-    assert sorted(os.listdir(paths["ckpt"])) == ["manifest.json", "step-000000012.pt", "step-000000015.pt"]
+    assert sorted(os.listdir(paths["ckpt"])) == ["losses", "manifest.json", "step-000000012.pt", "step-000000015.pt"]
 
 
 def test_a_job_killed_with_sigkill_and_started_again_takes_the_folder_over_and_resumes(tmp_path, capsys):

@@ -23,7 +23,7 @@ def test_periodic_checkpoints_resume_mid_epoch_exactly(tmp_path):
     _, seen_first = jobs.periodic(folder, 3, stop_at_step=15)
     manifest = json.load(open(os.path.join(folder, "manifest.json")))
     assert [e["step"] for e in manifest["checkpoints"]] == [12, 14]  # keep_last=2
-    assert sorted(os.listdir(folder)) == ["manifest.json", "step-000000012.pt", "step-000000014.pt"]
+    assert sorted(os.listdir(folder)) == ["losses", "manifest.json", "step-000000012.pt", "step-000000014.pt"]
     resumed, seen_second = jobs.periodic(folder, 3)
     assert (resumed - full).abs().max().item() <= 1e-6
     # Every sample of every epoch exactly as often as in the uninterrupted run.

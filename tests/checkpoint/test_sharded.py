@@ -45,7 +45,7 @@ def test_periodic_fsdp_checkpoints_are_sharded_folders(uninterrupted):
     assert [(r["rank"], r["steps"]) for r in results(proc.stdout)] == [("0", "15"), ("1", "15")], outputs(proc)
     manifest = json.loads((paths["ckpt"] / "manifest.json").read_text())
     assert [e["file"] for e in manifest["checkpoints"]] == ["step-000000012", "step-000000015"]  # keep_last=2
-    assert sorted(os.listdir(paths["ckpt"])) == ["manifest.json", "step-000000012", "step-000000015"]
+    assert sorted(os.listdir(paths["ckpt"])) == ["losses", "manifest.json", "step-000000012", "step-000000015"]
     for name in ("step-000000012", "step-000000015"):
         assert sharded.problem(str(paths["ckpt"] / name)) is None
         assert {"__0_0.distcp", "__1_0.distcp"} <= set(os.listdir(paths["ckpt"] / name))
@@ -78,7 +78,7 @@ def test_killed_during_an_asynchronous_save_keeps_the_previous_one(uninterrupted
     clean = torch.load(uninterrupted[1]["out"])
     assert (torch.load(paths["out"]) - clean).abs().max().item() <= 1e-6
     # the interrupted save's staging folder was removed on restart; only complete checkpoints remain
-    assert sorted(os.listdir(paths["ckpt"])) == ["manifest.json", "step-000000012", "step-000000015"]
+    assert sorted(os.listdir(paths["ckpt"])) == ["losses", "manifest.json", "step-000000012", "step-000000015"]
 
 
 @pytest.mark.timeout(240)
@@ -87,7 +87,7 @@ def test_sharded_resume_at_another_world_size_trains_every_sample_once(run_ranks
     # done). Resume on 4 ranks (the shards are cut anew) and finish.
     folder = str(tmp_path / "ckpt")
     (_, seen0), (_, seen1) = run_ranks(_ring_jobs.periodic, folder, 3, 7, strategy="fsdp", timeout=150)
-    assert sorted(os.listdir(folder)) == ["manifest.json", "step-000000004", "step-000000006"]
+    assert sorted(os.listdir(folder)) == ["losses", "manifest.json", "step-000000004", "step-000000006"]
     first = [s for s in seen0[: 6 * 4] + seen1[: 6 * 4] if s[0] == 1]
     rest = run_ranks(_ring_jobs.periodic, folder, 3, strategy="fsdp", nprocs=4, timeout=200)
     params, _ = rest[0]
@@ -104,7 +104,7 @@ def test_a_rank_that_finishes_while_the_main_process_writes_its_part_alone_is_no
     # at low priority on a busy CPU) when rank 1 closes: waiting for that is not waiting for rank 1.
     folder = str(tmp_path / "ckpt")
     run_ranks(_ring_jobs.periodic_slow_commit, folder, 3, 7, timeout=120)
-    assert sorted(os.listdir(folder)) == ["manifest.json", "step-000000003", "step-000000006"]
+    assert sorted(os.listdir(folder)) == ["losses", "manifest.json", "step-000000003", "step-000000006"]
 
 
 def test_prepare_removes_only_our_staging_folders(tmp_path):

@@ -165,7 +165,7 @@ def test_a_step_based_gpt_script_converted_in_few_lines_trains_as_its_original(t
     proc = ringtrain_run(f"--nproc-per-node 2 {converted} --out_dir {out} --max_iters 10", tmp_path)
     assert proc.returncode == 0, outputs(proc)
     assert rt_values(out / "ckpt.pt")["model_args"]["n_layer"] == 2
-    assert sorted(os.listdir(out / "ring")) == ["manifest.json", "step-000000005.pt", "step-000000010.pt"]
+    assert sorted(os.listdir(out / "ring")) == ["losses", "manifest.json", "step-000000005.pt", "step-000000010.pt"]
 
 
 def rt_values(path: Path) -> dict:

@@ -18,7 +18,7 @@ import torch
 from ..errors import RingtrainError
 from ..loop.data import move_to_device
 from ..loop.held import Held
-from . import files, values
+from . import files, value_reader, values
 
 
 def capture(held: Held) -> dict[str, Any]:
@@ -132,13 +132,13 @@ class Restored:
         return out
 
     def decoded_extras(self) -> dict[str, Any]:
-        return {k: move_to_device(values.decode(v, f"ring.extras[{k!r}]"), "cpu") for k, v in self.extras.items()}
+        return {k: move_to_device(value_reader.decode(v, f"ring.extras[{k!r}]"), "cpu") for k, v in self.extras.items()}
 
     def load_kept(self, name: str, obj: Any) -> bool:
         """Load the saved state of ``ring.keep(obj)`` into it; False when the checkpoint has none under ``name``."""
         if name not in self.kept:
             return False
-        state = values.decode(self.kept.pop(name), f"ring.keep({name})")
+        state = value_reader.decode(self.kept.pop(name), f"ring.keep({name})")
         try:
             obj.load_state_dict(state)
         except Exception as e:
@@ -155,6 +155,6 @@ class Restored:
         entries, self.batches[drawn.index] = self.batches[drawn.index], []
         back = []
         for key, encoded, on_device in entries:
-            batch = values.decode(encoded, f"{drawn!r}")
+            batch = value_reader.decode(encoded, f"{drawn!r}")
             back.append((key, move_to_device(batch, self.device) if on_device else batch))
         drawn.give_back(back)

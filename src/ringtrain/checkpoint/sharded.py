@@ -51,7 +51,7 @@ import torch
 
 from ..errors import RingtrainError
 from ..liveness.activity import Activity, waits_for_peers
-from . import files
+from . import files, value_reader
 from .dcp_errors import dcp_failure
 from .metadata import HINT_DAMAGED as _HINT_DAMAGED, read_metadata, safe_reader
 from .state import is_sharded, optimizer_by_index
@@ -418,11 +418,12 @@ def checkpoint_values(path: str) -> dict[str, Any]:
         check(path)
         info = files.read(os.path.join(path, INFO))
         tree = join(info["skeleton"], {})
-        return {k: v for k, v in tree.items() if dict(info.get("kinds", {})).get(k) == "value"}
+        return {k: value_reader.decode(v, k) for k, v in tree.items() if dict(info.get("kinds", {})).get(k) == "value"}
     ckpt = files.read(path)
     meta = ckpt.get(files.META_KEY)
     listed = set(meta.get("extras") or []) if isinstance(meta, dict) else set()
-    return {k: v for k, v in ckpt.items() if k != files.META_KEY and (k in listed or not _is_state(v))}
+    return {k: value_reader.decode(v, k) for k, v in ckpt.items()
+            if k != files.META_KEY and (k in listed or not _is_state(v))}
 
 
 def _is_state(value: Any) -> bool:

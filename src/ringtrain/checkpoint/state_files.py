@@ -22,7 +22,7 @@ from torch import nn
 from ..errors import RingtrainError, one_line
 from ..loop.data import RingLoader, move_to_device
 from ..loop.held import Held
-from . import files, per_rank, rng, sharded, state, values
+from . import files, per_rank, rng, sharded, state, value_reader, values
 from .model import is_plain_state_dict
 from .read import read_sharded
 
@@ -261,7 +261,7 @@ class StateFiles:
         if isinstance(meta, dict):
             self._restore_meta(meta)
             self._restore_own(meta, ckpt, targets)
-        return {k: move_to_device(values.decode(v, k), self.strategy.device) for k, v in ckpt.items()
+        return {k: move_to_device(value_reader.decode(v, k), self.strategy.device) for k, v in ckpt.items()
                 if k not in targets and k != files.META_KEY}
 
     def _restore_own(self, meta: dict[str, Any], ckpt: dict[str, Any], targets: dict[str, Any]) -> None:
@@ -275,7 +275,7 @@ class StateFiles:
             extras = restored.decoded_extras()
         else:
             restored = None
-            extras = {k: values.decode(ckpt[k], k) for k in meta.get("extras") or [] if k in ckpt and k not in targets}
+            extras = {k: value_reader.decode(ckpt[k], k) for k in meta.get("extras") or [] if k in ckpt and k not in targets}
         if extras or self.held.extras:  # a resumed run finds the checkpoint's values in ring.extras
             self.held.extras.clear()
             self.held.extras.update(extras)
