@@ -8,7 +8,8 @@ optimizer, its checkpoints, ``ring.log``, the timeline, and the watchdog that re
 
 * ``phase`` — what ringtrain's layers say the loop is in: ``data`` (a ring loader fetching a
   batch), ``forward`` (the batch is out, before ``ring.backward``), ``backward``, ``optimizer``,
-  ``checkpoint``, ``evaluation`` (an ``exact=True`` loader), ``collective`` (a ring collective);
+  ``checkpoint``, ``evaluation`` (an ``exact=True`` loader), ``collective`` (a ring collective); a checkpoint's
+  phase lasts while the call that entered it runs (``checkpoint_call``: nothing leaves it when ring.save returns);
 * ``current`` / ``calls`` — the ring collective the main thread is in (``all_reduce #8``) and how
   many it has issued (the sequence number mismatched collectives are told apart by);
 * ``times`` — milliseconds per optimizer step (``StepTimes``): data wait, the synchronising part (backward and
@@ -33,7 +34,9 @@ from typing import Callable, Iterator
 # is torch's API, not by file path.
 _ENGINE = ("torch.distributed", "torch.nn.parallel.distributed")
 _BACKWARD = ("torch.autograd",)  # DDP's gradient all-reduce runs inside autograd (backward_syncs)
-_WRAPPERS = ("wrapper", "inner", "_fn", "decorate_context")  # decorators around torch.distributed's functions
+# decorators around torch.distributed's functions (inner_func: torch.distributed.checkpoint's logger around load, save)
+_WRAPPERS = ("wrapper", "inner", "_fn", "decorate_context", "inner_func")
+_C10D = "torch.distributed.distributed_c10d"  # the engine's collective calls (dist.all_gather_object, dist.broadcast...)
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/ringtrain
 WINDOW = 50  # steps the rolling times cover
 
@@ -98,7 +101,7 @@ class StepTimes:
 class Activity:
     """See the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, sequence: Callable[[], int | None] | None = None) -> None:
         self.calls = 0
         self.current: str | None = None
         self.phase = ""
@@ -112,6 +115,11 @@ class Activity:
         # A timeline.Recorder while a timeline records (timeline.py): it hears every phase change.
         # None otherwise, and then the hot path pays one `is None` test per change.
         self.recorder = None
+        # The checkpoint entered last: the code of the call that entered it (ring.save's, the periodic save's: a code
+        # object keeps no frame alive) and how many collectives the job had issued then (engine_sequence). Read by
+        # checkpoint_call: the phase says "checkpoint" long after ring.save returned; the stack says whether it runs.
+        self.checkpoint_entry: tuple[CodeType, int | None] | None = None
+        self._sequence = sequence or engine_sequence  # tests: their own count
 
     @contextlib.contextmanager
     def calling(self, what: str) -> Iterator[None]:
@@ -139,6 +147,12 @@ class Activity:
 
     def enter(self, phase: str) -> None:
         self.phase, self.phase_since = phase, time.time()
+        if phase == "checkpoint":  # a save or a load begins (rare: the stack walk and the count cost nothing per step)
+            caller = sys._getframe(1)
+            outer = self.checkpoint_entry
+            # A checkpoint inside one still running (the periodic save writes through ring.save's code) is that one.
+            if outer is None or not _runs(outer[0], caller.f_back):
+                self.checkpoint_entry = (caller.f_code, self._sequence())
         if self.recorder is not None:
             self.recorder.enter(phase, self.phase_since)
 
@@ -207,6 +221,56 @@ def engine_sequence() -> int | None:
         return int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
     except Exception:  # noqa: BLE001 - a backend without the counter, or a group being torn down
         return None
+
+
+def _runs(code: CodeType, frame: FrameType | None) -> bool:
+    """Is a call of ``code`` on the stack that ``frame`` is the innermost frame of?"""
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+# What the user called, by the name of the ringtrain function their line called, for the words of a message only
+# (the watchdog's decisions never rest on it): a checkpoint reached from anything else is the loop's periodic one.
+_CHECKPOINT_CALLS = {"save": "ring.save", "load": "ring.load"}
+
+
+def checkpoint_call(activity: "Activity | None", frame: FrameType | None = None) -> tuple[str, int | None] | None:
+    """The checkpoint the main thread is in now — ``ring.save``, ``ring.load`` or ``the periodic checkpoint`` — and
+    how many collectives the job had issued when it began (``engine_sequence``); None outside one. The call that
+    entered the phase must still be on the stack: once ring.save returned, the phase it left behind is stale."""
+    entry = activity.checkpoint_entry if activity is not None else None
+    if entry is None:
+        return None
+    frame = main_frame() if frame is None else frame
+    while frame is not None and frame.f_code is not entry[0]:
+        frame = frame.f_back
+    if frame is None:
+        return None
+    called = frame.f_code.co_name
+    while frame is not None and not is_user_file(frame.f_code.co_filename):  # out to the user's line that called it
+        called, frame = frame.f_code.co_name, frame.f_back
+    if frame is None:  # no frame of the user's to tell by: name both
+        return "ring.save (or ring.load)", entry[1]
+    return _CHECKPOINT_CALLS.get(called, "the periodic checkpoint"), entry[1]
+
+
+def in_collective(activity: "Activity | None", frame: FrameType | None = None) -> bool:
+    """Is the main thread inside a collective call, one that cannot return before its peers take part: a ring
+    collective, or the engine's own call (the innermost of torch.distributed's frames is c10d's: dist.broadcast,
+    dist.all_gather_object) — not the engine's local work in its other modules (a checkpoint's plan or reads, a state
+    dict's copies), which looks the same to ``blocked_in``."""
+    if activity is not None and activity.current is not None:
+        return True
+    frame = main_frame() if frame is None else frame
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("torch.distributed"):
+            return module == _C10D
+        frame = frame.f_back
+    return False
 
 
 def blocked_in(activity: "Activity | None", backward_syncs: bool, frame: FrameType | None = None) -> str | None:

@@ -131,6 +131,13 @@ class Whereabouts:
     blocked in (seen on its stack), since ``waiting_since``; ``site`` the user's ``file:line`` it
     is at. ``seq`` counts the collectives ringtrain's own layers issued. ``times`` are the rolling
     milliseconds per step (``data``, ``sync``, ``step``) and the steps they cover.
+
+    ``checkpoint`` is the checkpoint it is in now (``ring.save``, ``ring.load``, ``the periodic
+    checkpoint``: activity.checkpoint_call), None outside one — its ``phase`` may still say
+    ``checkpoint`` after the call returned; ``issued`` the collectives it has issued on the job's
+    default group (activity.engine_sequence: the same order on every rank), and ``checkpoint_at``
+    how many it had issued when its checkpoint began: a peer outside the checkpoint that issued
+    more went past the point where it should have joined it.
     """
 
     rank: int
@@ -147,6 +154,9 @@ class Whereabouts:
     seq: int = 0
     site: str | None = None
     times: dict[str, float] = field(default_factory=dict)
+    checkpoint: str | None = None
+    issued: int | None = None
+    checkpoint_at: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -158,10 +168,21 @@ class Whereabouts:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def doing(self) -> str:
-        """``in backward (gradient all-reduce)`` / ``in its data step`` / ``at train.py:40``."""
+        """``in backward (gradient all-reduce)`` / ``in its data step`` / ``in ring.save`` / ``outside any collective``."""
         if self.waiting:
             return f"in {self.waiting}"
-        if self.phase:
+        if self.checkpoint:
+            return f"in {self.checkpoint}"
+        if self.phase and self.phase != "checkpoint":  # a checkpoint's phase outlives its call: only `checkpoint` says
             return f"in its {self.phase} step" if self.phase in ("data", "forward", "backward", "optimizer") \
                 else f"in {self.phase}"
         return "outside any collective"
+
+    def collective(self) -> str:
+        """The collective it waits in, as a person reads it: ``the gradient all-reduce of step 5`` (DDP's, in
+        backward), ``all_reduce(op=mean, float32[3]) #7``; ``no collective`` when it waits in none."""
+        if not self.waiting:
+            return "no collective"
+        if "backward" in self.waiting:
+            return f"the gradient all-reduce of step {self.step + 1}"
+        return self.waiting

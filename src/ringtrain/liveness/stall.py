@@ -48,6 +48,64 @@ def mismatch(views: dict[int, Whereabouts]) -> str | None:
     return "; ".join(f"rank {r} is in {v.waiting}" + (f" at {v.site}" if v.site else "") for r, v in sorted(waiting.items()))
 
 
+def _stuck(view: Whereabouts, now: float, after_s: float) -> bool:
+    """Waiting in a collective with no progress for ``after_s`` seconds, by its latest word."""
+    return bool(view.waiting) and view.waiting_since is not None and now - view.waiting_since >= after_s
+
+
+# What each checkpoint is, the sentence for a rank that skipped it, and the fix (issue 36, item 7).
+_CHECKPOINT_WORDS = {
+    "ring.save": ("ring.save runs on every rank and writes the file once (from rank 0); called on some ranks only",
+                  "call ring.save on every rank: remove the `if ring.is_main:` (or rank check) around it; it saves once."),
+    "ring.load": ("ring.load runs on every rank (each one loads the state into its own model); called on some ranks "
+                  "only",
+                  "call ring.load on every rank: remove the `if ring.is_main:` (or rank check) around it."),
+    "ring.save (or ring.load)": ("ring.save and ring.load run on every rank (a save writes the file once, from rank "
+                                 "0); called on some ranks only",
+                                 "call ring.save and ring.load on every rank: remove the `if ring.is_main:` (or rank "
+                                 "check) around them; a save writes once."),
+    "the periodic checkpoint": ("every rank writes the periodic checkpoint, at the same step; reached by some ranks "
+                                "only",
+                                "every rank must run the same steps of the loop: look for a branch on the rank (or on "
+                                "per-rank data) that makes a rank leave the loop, or skip or add a step."),
+}
+
+
+def one_sided_checkpoint(rank: int, world: int, views: dict[int, Whereabouts], now: float,
+                         after_s: float) -> tuple[str, str] | None:
+    """(what happened, the fix) when ``rank`` waits in a checkpoint's collective that some ranks never call: the
+    translation of ``if dist.get_rank() == 0: torch.save(...)`` into ``if ring.is_main: ring.save(...)`` — a proven
+    deadlock, told in seconds rather than at the collective's timeout. None unless, by every rank's fresh word:
+
+    * ``rank`` is in a checkpoint and waits in one of its collectives, with no progress for ``after_s`` seconds
+      (the caller knows it is a collective's wait for sure: ``activity.in_collective``);
+    * every other rank answers and waits too, for as long: none is computing, evaluating or merely slow;
+    * some rank outside any checkpoint waits in another collective, and has issued more collectives than ``rank``
+      had when its checkpoint began: it went past the point where it should have joined it, and never will;
+    * ``rank`` is the lowest rank in a checkpoint (one speaks for the job; the others are stopped by its post).
+
+    Ranks all in checkpoints (the same save, reached by every rank) are left to the stall report.
+    """
+    me = views.get(rank)
+    if me is None or not me.checkpoint or me.checkpoint_at is None or not _stuck(me, now, after_s):
+        return None
+    peers = {r: views.get(r) for r in range(world) if r != rank}
+    if not peers or not all(v is not None and responding(v, now) and _stuck(v, now, after_s) for v in peers.values()):
+        return None
+    if any(v.checkpoint for r, v in peers.items() if r < rank):  # type: ignore[union-attr]
+        return None
+    past = {r: v for r, v in peers.items() if v is not None and not v.checkpoint and v.waiting != me.waiting
+            and v.issued is not None and v.issued > me.checkpoint_at}
+    if not past:
+        return None
+    shown = sorted(past.items())[:3]
+    where = "; ".join(f"rank {r} is in {v.collective()}" + (f" at {v.site}" if v.site else "") for r, v in shown)
+    if len(past) > len(shown):
+        where += f"; and {len(past) - len(shown)} more ranks are elsewhere"
+    what, hint = _CHECKPOINT_WORDS.get(me.checkpoint, _CHECKPOINT_WORDS["ring.save (or ring.load)"])
+    return f"{me.checkpoint} waits for the other ranks (in {me.waiting}), but {where} — {what}, it waits for ever.", hint
+
+
 def stall_report(reporter: int, world: int, views: dict[int, Whereabouts], stacks: dict[int, str],
                  states: dict[int, str], next_in: float | None, now: float | None = None,
                  hellos: dict[int, dict] | None = None) -> str:

@@ -15,12 +15,16 @@ first that returns a verdict ends the process:
    step, phase, the collective it waits in, the user's line it is at, its step times;
 5. ``StackAnswers`` — a request for stacks (a stall report, ``kill -USR1`` on the launcher) is
    answered with this rank's Python stack, read here, not by the main thread, which may be stuck;
-6. ``StallInspector`` — blocked in a collective for ``stall_warning`` seconds *with no progress* (the
+6. ``CheckpointOnSomeRanks`` — this rank waits in a collective of ring.save / ring.load (or of the periodic
+   checkpoint) for ``AFTER_S`` seconds while every other rank waits too, and one of them, outside any checkpoint,
+   issued collectives past the point where the checkpoint began: ``if ring.is_main: ring.save(...)``, a proven
+   deadlock (stall.one_sided_checkpoint). This rank is the cause: it says so with the fix, posts it, and ends;
+7. ``StallInspector`` — blocked in a collective for ``stall_warning`` seconds *with no progress* (the
    step, the ring's collectives, the engine's collective count and the phase all stand still: a rank
    that spends most of each step waiting is moving, not stalled): one report for the job
    (the lowest waiting rank claims it) naming who waits, who has not arrived and where (its stack),
    who does not answer; again at growing intervals;
-7. ``SlowRanks`` — rank 0: when one rank holds the others back, one line saying which and why, at
+8. ``SlowRanks`` — rank 0: when one rank holds the others back, one line saying which and why, at
    most once an epoch.
 """
 
@@ -37,7 +41,7 @@ from typing import Any, Callable
 
 from ..errors import RingtrainError
 from . import dump, failures, procs, stall
-from .activity import Activity, blocked_in, engine_sequence, format_stacks, user_site
+from .activity import Activity, blocked_in, checkpoint_call, engine_sequence, format_stacks, in_collective, user_site
 from .board import Board
 from .records import Blame, Whereabouts
 
@@ -207,6 +211,31 @@ class StackAnswers(Check):
         return None
 
 
+class CheckpointOnSomeRanks(Check):
+    # Long enough for every rank's word (published once a second) to show a wait that does not move, short beside the
+    # stall warning (60 s) and the collective's timeout (30 min) the job would otherwise hang until (issue 36, item 7).
+    AFTER_S = 5.0
+
+    def __init__(self, after_s: float = AFTER_S) -> None:
+        self.after_s = after_s
+        self.sure_since: float | None = None  # monotonic: since when this rank is for sure in a checkpoint's collective
+
+    def look(self, dog: "Watchdog") -> Verdict | None:
+        # Not while the engine does a checkpoint's local work (reads, a plan, copies: blocked_in counts them), which a
+        # peer that is done with the checkpoint may wait for: only a collective call, in every round, for AFTER_S.
+        if dog.checkpoint is None or dog.blocked is None or not in_collective(dog.activity):
+            self.sure_since = None
+            return None
+        if self.sure_since is None:
+            self.sure_since = dog.now
+        if min(dog.blocked_for(), dog.now - self.sure_since) < self.after_s:
+            return None
+        views = dog.board.whereabouts()
+        views[dog.board.rank] = dog.whereabouts()
+        found = stall.one_sided_checkpoint(dog.board.rank, dog.board.world_size, views, time.time(), self.after_s)
+        return None if found is None else dog.cause_verdict(*found)
+
+
 class StallInspector(Check):
     def __init__(self) -> None:
         self.reports = 0  # reports made in the current stall
@@ -270,7 +299,8 @@ def default_checks(stopping: bool = True) -> list[Check]:
     observe: list[Check] = [Publisher(), StackAnswers(), StallInspector()]
     if not stopping:
         return observe
-    return [PeerPosts(), VanishedNeighbour(), FinishedWhileBlocked(), *observe, SlowRanks()]
+    return [PeerPosts(), VanishedNeighbour(), FinishedWhileBlocked(), Publisher(), StackAnswers(),
+            CheckpointOnSomeRanks(), StallInspector(), SlowRanks()]
 
 
 class Watchdog(threading.Thread):
@@ -297,6 +327,9 @@ class Watchdog(threading.Thread):
         self.finished: Blame | None = None  # a peer that left cleanly
         self.finished_seq: int | None = None  # ... and how many collectives it had issued then
         self.blocked: str | None = None  # the collective the main thread is in, this round
+        self.checkpoint: str | None = None  # the checkpoint it is in, this round (activity.checkpoint_call) ...
+        self.checkpoint_at: int | None = None  # ... and the collectives issued when it began
+        self.issued: int | None = None  # collectives issued on the default group, this round
         self._blocked_since: float | None = None  # monotonic: since when blocked with no progress
         self._blocked_wall: float | None = None
         self._progress: tuple | None = None
@@ -317,8 +350,10 @@ class Watchdog(threading.Thread):
         """One round: every check in order; (message, error-file info) when this rank must stop."""
         self.now = time.monotonic()
         self.blocked = blocked_in(self.activity, self.backward_syncs)
+        self.checkpoint, self.checkpoint_at = checkpoint_call(self.activity) or (None, None)
         progress = self.progress()
         moved, self._progress = progress != self._progress, progress
+        self.issued = progress[-1]
         if self.blocked is None:
             self._blocked_since = self._blocked_wall = None
         elif self._blocked_since is None or moved:  # the stall clock counts from the last progress, not a sample
@@ -343,7 +378,8 @@ class Watchdog(threading.Thread):
             rank=self.board.rank, pid=os.getpid(), host=self._host, hostname=self._hostname, beat=time.time(),
             step=self.activity.step, epoch=self.activity.epoch, phase=self.activity.phase,
             phase_since=self.activity.phase_since, waiting=self.blocked, waiting_since=self._blocked_wall,
-            seq=self.activity.calls, site=user_site(), times=self.activity.times.summary())
+            seq=self.activity.calls, site=user_site(), times=self.activity.times.summary(),
+            checkpoint=self.checkpoint, issued=self.issued, checkpoint_at=self.checkpoint_at)
 
     def stacks_from_outside(self, ranks: list[int]) -> dict[int, str]:
         """The stacks of ``ranks`` on this host that did not answer, taken with a signal (dump.py): where they are
@@ -376,6 +412,16 @@ class Watchdog(threading.Thread):
         info["stack"] = stack
         message = (f"ringtrain: rank {me} stops: rank {by.rank} gave up waiting for it ({by.reason}); rank {me} "
                    f"was {blame.reason}. Its stack:\n{stack}")
+        return message, info
+
+    def cause_verdict(self, reason: str, hint: str) -> Verdict:
+        """This rank is the cause (it waits in a collective its peers will never call): post why, so that they stop in
+        seconds and the launcher's report names this rank, and end with the fix."""
+        me = self.board.rank
+        post = self.board.post("failed", reason, cause="own", during=self.blocked)
+        info = post.to_dict()
+        message = f"ringtrain: rank {me} stops: {reason}\nHINT: {hint}"
+        info["stack"] = f"{format_stacks()}\n{message}"  # where it waits, then why, as a traceback ends with its error
         return message, info
 
     def _end_process(self, message: str, info: dict[str, Any]) -> None:
