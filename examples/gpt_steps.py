@@ -78,6 +78,7 @@ def get_batch(split):
     return x.to(device), y.to(device)
 
 
+get_batch = ring.batches(get_batch)  # the batch prefetched across a checkpoint rides in it: resumes exactly
 iter_num, best_val_loss = 0, 1e9
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, vocab_size=vocab_size)
 torch.manual_seed(1337)  # the same initial weights on every rank
@@ -110,6 +111,7 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
+X, Y = get_batch("train")  # fetch the very first batch
 raw_model = ring.unwrap(model)  # unwrap DDP container if needed
 for iter_num in ring.steps(max_iters + 1):
     lr = get_lr(iter_num)
@@ -127,8 +129,8 @@ for iter_num in ring.steps(max_iters + 1):
     if iter_num >= max_iters:
         break
     for micro_step in range(gradient_accumulation_steps):
-        X, Y = get_batch("train")
         logits, loss = model(X, Y)
+        X, Y = get_batch("train")  # immediately prefetch the next batch, as nanoGPT's train.py does
         ring.backward(loss)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()

@@ -1,8 +1,9 @@
 """A CPU twin of a well-known step-based GPT training script (nanoGPT's train.py), as its author writes it:
 torchrun's environment read by hand, DDP by hand, batches drawn by its own get_batch() at random offsets into a
-token array, gradient accumulation by hand (the loss divided, no_sync by hand), an estimate_loss() on random
-batches every eval_interval iterations on the master process, a cosine learning rate, and a checkpoint with
-model_args, iter_num and best_val_loss. Tiny model, synthetic tokens (nothing is downloaded).
+token array — the first before the loop, each next one right after the forward (a prefetch) —, gradient
+accumulation by hand (the loss divided, no_sync by hand), an estimate_loss() on random batches every eval_interval
+iterations on the master process, a cosine learning rate, and a checkpoint with model_args, iter_num and
+best_val_loss. Tiny model, synthetic tokens (nothing is downloaded).
 
     torchrun --standalone --nproc_per_node=2 tests/clients/nanogpt_train.py --out_dir out
     ringtrain run --nproc-per-node 2 tests/clients/nanogpt_train.py --out_dir out
@@ -119,6 +120,7 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
+X, Y = get_batch("train")  # fetch the very first batch
 raw_model = model.module if ddp else model  # unwrap DDP container if needed
 while True:
     lr = get_lr(iter_num)
@@ -138,8 +140,8 @@ while True:
     for micro_step in range(gradient_accumulation_steps):
         if ddp:
             model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
-        X, Y = get_batch("train")
         logits, loss = model(X, Y)
+        X, Y = get_batch("train")  # immediately prefetch the next batch, as nanoGPT's train.py does
         loss = loss / gradient_accumulation_steps  # scale the loss to account for gradient accumulation
         loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
