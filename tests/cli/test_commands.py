@@ -12,11 +12,12 @@ import json
 import os
 import re
 import subprocess
+import stat
 import sys
 from pathlib import Path
 
 import pytest
-from _launch_util import HELPERS, RINGTRAIN_SRC, child_env, outputs
+from _launch_util import HELPERS, RINGTRAIN_SRC, child_env, outputs, ringtrain_cmd
 
 from ringtrain.cli import COMMANDS
 from ringtrain.errors import EXTRA_PACKAGES
@@ -189,3 +190,54 @@ def test_every_optional_import_in_the_library_says_its_extra():
             if not adapter and name.split(".")[0] not in asked:
                 silent.append(f"{path.relative_to(src)}: import {name}")
     assert not silent, "optional imports that do not name their extra:\n" + "\n".join(silent)
+
+
+# --- Issue 37, item 4: consolidate never destroys its source, and replaces only a regular file, with --force ----
+
+def _sharded_checkpoint(tmp_path):
+    """A real sharded folder written by ring.save(full=False) in one process."""
+    import torch
+
+    import ringtrain as rt
+
+    folder = tmp_path / "ckpt"
+    ring = rt.Ring()
+    model = ring.setup(torch.nn.Linear(3, 2))
+    ring.save(str(folder), full=False, model=model)
+    ring.close()
+    return folder
+
+
+def _contents(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.timeout(120)
+def test_consolidate_refuses_an_output_inside_its_source_and_leaves_it_byte_identical(tmp_path):
+    folder = _sharded_checkpoint(tmp_path)
+    before = _contents(folder)
+    (tmp_path / "link.pt").symlink_to(folder / "ringtrain.pt")
+    for out in (folder / "ringtrain.pt", folder / "__0_0.distcp", folder / "new.pt", folder, tmp_path / "link.pt"):
+        proc = subprocess.run(ringtrain_cmd("consolidate", str(folder), str(out)), capture_output=True, text=True,
+                              timeout=60, env=child_env())
+        assert proc.returncode == 2, (out, outputs(proc))
+        assert "nothing was written" in proc.stderr or "is a folder" in proc.stderr, (out, proc.stderr)
+    assert _contents(folder) == before
+
+
+@pytest.mark.timeout(120)
+def test_consolidate_replaces_an_existing_file_only_with_force_and_never_a_device(tmp_path):
+    folder = _sharded_checkpoint(tmp_path)
+    out = tmp_path / "out.pt"
+    out.write_bytes(b"mine")
+    proc = subprocess.run(ringtrain_cmd("consolidate", str(folder), str(out)), capture_output=True, text=True,
+                          timeout=60, env=child_env())
+    assert proc.returncode == 2 and "pass --force" in proc.stderr and out.read_bytes() == b"mine", outputs(proc)
+    proc = subprocess.run(ringtrain_cmd("consolidate", str(folder), str(out), "--force"), capture_output=True,
+                          text=True, timeout=120, env=child_env())
+    assert proc.returncode == 0 and out.read_bytes() != b"mine", outputs(proc)
+    os.mkfifo(tmp_path / "pipe")
+    proc = subprocess.run(ringtrain_cmd("consolidate", str(folder), str(tmp_path / "pipe"), "--force"),
+                          capture_output=True, text=True, timeout=60, env=child_env())
+    assert proc.returncode == 2 and "not a regular file" in proc.stderr, outputs(proc)
+    assert stat.S_ISFIFO(os.stat(tmp_path / "pipe").st_mode)
