@@ -46,6 +46,14 @@ def test_run_help_is_the_manual(capsys):
         (["--gpus", "0,1", "--nproc-per-node", "3"], "--gpus lists only 2"),
         (["--master-port", "70000"], "--master-port 70000"),
         (["--timeout", "0"], "--timeout 0"),
+        # Issue 37, item 9: numbers refused up front with a HINT, not by a traceback or torchelastic's assert later.
+        (["--timeout", "100000000000000000000"], "--timeout 100000000000000000000: must be 1 to"),
+        (["--monitor-interval", "0"], "--monitor-interval 0.0"),
+        (["--monitor-interval", "-1"], "--monitor-interval -1.0"),
+        (["--monitor-interval", "nan"], "--monitor-interval nan"),
+        (["--monitor-interval", "inf"], "--monitor-interval inf"),
+        (["--shutdown-timeout", "-1"], "--shutdown-timeout -1"),
+        (["--nproc-per-node", ""], "--nproc-per-node '' is empty"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_hint(tmp_path, capsys, argv, needle):
@@ -113,3 +121,30 @@ def test_a_folder_as_the_script_exits_2_with_a_hint(tmp_path, capsys, with_main)
     err = capsys.readouterr().err
     assert "is a folder" in err and "HINT:" in err, err
     assert ("__main__.py" in err) == with_main, err
+
+
+def test_a_log_dir_that_is_a_file_is_refused(tmp_path, capsys):
+    script = write(tmp_path / "train.py", ALLREDUCE)
+    (tmp_path / "logs").write_text("")
+    assert run.main(["--log-dir", str(tmp_path / "logs"), str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a folder (a file is there)" in err and "HINT:" in err, err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-5"])
+def test_a_stall_warning_the_watchdog_could_never_fire_on_is_refused(tmp_path, capsys, monkeypatch, value):
+    monkeypatch.setenv("RINGTRAIN_STALL_WARNING", value)
+    script = write(tmp_path / "train.py", ALLREDUCE)
+    assert run.main([str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "from RINGTRAIN_STALL_WARNING" in err and "HINT:" in err, err
+
+
+def test_gpus_this_machine_lacks_are_refused(tmp_path, capsys, monkeypatch):
+    from ringtrain.launcher import env_info
+
+    monkeypatch.setattr(env_info, "cuda_gpus", lambda: 0)
+    script = write(tmp_path / "train.py", ALLREDUCE)
+    assert run.main(["--gpus", "0,1", "--nproc-per-node", "2", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "--gpus 0,1 names GPU(s) [0, 1], but torch sees no CUDA GPU here" in err and "HINT:" in err, err

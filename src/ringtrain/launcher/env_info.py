@@ -56,6 +56,13 @@ def open_files_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
+def cuda_gpus() -> int:
+    """The CUDA GPUs torch sees in this process (0 without CUDA); imports torch."""
+    import torch  # noqa: PLC0415 - only a command line that names GPUs asks
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def _cpus() -> str:
     total = os.cpu_count()
     usable = usable_cpus()

@@ -115,6 +115,9 @@ def _nproc_text(ns: argparse.Namespace) -> str:
     """--nproc-per-node, or -np for a single node (horovodrun's `-np N` on this machine)."""
     np = getattr(ns, "np", None)
     if np is None:
+        if ns.nproc_per_node is not None and not ns.nproc_per_node.strip():
+            raise RingtrainError("--nproc-per-node '' is empty", "give a number of workers, e.g. --nproc-per-node 2, or "
+                                 "one of: auto, gpu, cpu.")
         return ns.nproc_per_node or "1"
     if np < 1:
         raise RingtrainError(f"-np {np}: a job needs at least one process", "use -np 1 or more.")
@@ -194,6 +197,29 @@ def _preemption(ns: argparse.Namespace, torchrun: dict, environment: dict) -> st
     return name
 
 
+MAX_SECONDS = 10**7  # 115 days: longer than any job waits; torch's timeouts overflow past ~2**63 ns
+
+
+def _check_numbers(ns: argparse.Namespace) -> None:
+    """torchrun's numeric flags, refused here with a HINT instead of by torchelastic tens of seconds into the job
+    (``--monitor-interval 0`` failed its assert after 26-51 s) or with a traceback; and --log-dir, a folder."""
+    interval = getattr(ns, "monitor_interval", None)
+    if interval is not None and not (math.isfinite(interval) and 0 < interval <= 3600):
+        raise RingtrainError(f"--monitor-interval {interval}: must be a number of seconds above 0 (at most 3600)",
+                             "torchrun's default is 0.1; e.g. --monitor-interval 1.")
+    shutdown = getattr(ns, "shutdown_timeout", None)
+    if shutdown is not None and not 0 <= shutdown <= MAX_SECONDS:
+        raise RingtrainError(f"--shutdown-timeout {shutdown}: must be 0 to {MAX_SECONDS:,} seconds",
+                             "torchrun's default is 30: the seconds stopping workers get before SIGKILL.")
+    from ..liveness.watchdog import stall_warning_of  # no torch: the workers' watchdogs read the same variable
+
+    stall_warning_of("default", os.environ)  # RINGTRAIN_STALL_WARNING=nan would never fire: refused here, once
+    log_dir = getattr(ns, "log_dir", None)
+    if log_dir is not None and (not log_dir or (os.path.lexists(log_dir) and not os.path.isdir(log_dir))):
+        raise RingtrainError(f"--log-dir {log_dir!r} is not a folder" + (" (a file is there)" if log_dir else ""),
+                             "give a folder (it is made if missing), or leave --log-dir out for a temporary one.")
+
+
 def plan_from_args(ns: argparse.Namespace) -> Plan:
     """Validate the command line. Raises RingtrainError (exit code 2) before anything starts."""
     ns = torchrun_flags.apply(horovod_flags.apply(ns))  # the tools' flags in ringtrain's terms
@@ -213,8 +239,9 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
         )
     if ns.master_port is not None and not 1 <= ns.master_port <= 65535:
         raise RingtrainError(f"--master-port {ns.master_port} is not a TCP port", "use 1..65535, or omit it on a single node.")
-    if ns.timeout < 1:
-        raise RingtrainError(f"--timeout {ns.timeout}: must be at least 1 second", "e.g. --timeout 300.")
+    if not 1 <= ns.timeout <= MAX_SECONDS:
+        raise RingtrainError(f"--timeout {ns.timeout}: must be 1 to {MAX_SECONDS:,} seconds", "e.g. --timeout 300.")
+    _check_numbers(ns)
     if ns.max_restarts < 0:
         raise RingtrainError(f"--max-restarts {ns.max_restarts} is negative", "use 0 (no restarts) or more.")
     no_python = getattr(ns, "no_python", False)

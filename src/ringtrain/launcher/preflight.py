@@ -121,8 +121,23 @@ def threads_per_worker(plan: Plan, workers: int, environ=None) -> tuple[int, str
     return max(1, cores // ranks), f"{cores} usable core(s) / {here}"
 
 
+def gpus_exist(plan: Plan) -> None:
+    """``--gpus I,J`` names GPUs this machine has (issue 37: ``--gpus 0,1`` on a machine without one ran on the CPU
+    without a word, where ``--nproc-per-node gpu`` was refused)."""
+    if not plan.gpus:
+        return
+    count = env_info.cuda_gpus()
+    missing = [g for g in plan.gpus if g >= count]
+    if missing:
+        have = f"torch sees {count} CUDA GPU(s) here (0..{count - 1})" if count else "torch sees no CUDA GPU here"
+        raise RingtrainError(f"--gpus {','.join(map(str, plan.gpus))} names GPU(s) {missing}, but {have}",
+                             "list GPUs this machine has (`nvidia-smi -L`, `ringtrain env`), or leave --gpus out to "
+                             "train on the CPU.")
+
+
 def check(plan: Plan) -> list[str]:
     """Refuse what this machine cannot run (RingtrainError); return the warnings to print."""
+    gpus_exist(plan)
     master_is_here(plan)
     store_fits(plan)
     warning = oversubscription(plan)

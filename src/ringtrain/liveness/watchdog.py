@@ -65,6 +65,7 @@ def collective_checks_of(value: bool | float, environ: Any = os.environ) -> floa
 def stall_warning_of(value: float | None | str = "default", environ: Any = os.environ) -> float | None:
     """``Ring(stall_warning=...)``: seconds, or None (never); by default the user's ``RINGTRAIN_STALL_WARNING``
     (``0`` or ``off``: never), else ``STALL_WARNING_S``."""
+    text = ""
     if value == "default":
         text = environ.get("RINGTRAIN_STALL_WARNING", "").strip().lower()
         if not text:
@@ -78,8 +79,8 @@ def stall_warning_of(value: float | None | str = "default", environ: Any = os.en
                                  "set it to seconds (e.g. 60), or 0 to turn stall reports off.") from None
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise RingtrainError(f"Ring got stall_warning={value!r}",
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise RingtrainError(f"Ring got stall_warning={value!r}" + (" (from RINGTRAIN_STALL_WARNING)" if text else ""),
                              "give the seconds a rank may wait in a collective before the stall report (e.g. 60), "
                              "or None for no report.")
     return float(value)
