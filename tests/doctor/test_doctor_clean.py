@@ -79,6 +79,13 @@ _OPTIMIZER_THEN_SHARD = _OPTIMIZER + _SHARDING + _REST
         ("spawn_imagenet_style.py", "        acc1 = validate(val_loader, model, args)\n",
          "        acc1 = 0.0\n        if args.rank == 0:\n            acc1 = validate(val_loader, model, args)\n",
          "eval-on-one-rank-through-ddp"),
+        ("gpt_resumable.py", "get_batch = ring.batches(get_batch)\n", "", "prefetched-batch"),
+        ("gpt_resumable.py", "ring.keep(train_loader)\n", "", "loader-position-not-kept"),
+        ("gpt_resumable.py", "model, optimizer = ring.setup(model, optimizer)", "model = ring.setup(model)",
+         "optimizer-not-given-to-setup"),
+        ("gpt_resumable.py", "        ring.backward(loss)\n", "        loss.backward()\n", "backward-without-ring"),
+        ("gpt_resumable.py", 'ring.save(os.path.join(out_dir, "final.pt")',
+         'if master_process:\n    ring.save(os.path.join(out_dir, "final.pt")', "ring-save-on-one-rank"),
     ],
 )
 def test_breaking_a_reference_script_is_noticed(name, correct, broken, rule):
@@ -105,6 +112,13 @@ def test_breaking_an_example_is_noticed(name, correct, broken, rule):
     assert source.count(correct) == 1, f"{name} no longer contains {correct!r}"
     findings = check_source(source.replace(correct, broken), name)
     assert rule in {f.rule for f in findings}, findings_text(findings)
+
+
+def test_the_converted_gpt_script_gets_both_resume_rules_without_the_two_lines_and_neither_with_them():
+    source = (REFERENCE / "gpt_resumable.py").read_text()
+    bare = source.replace("get_batch = ring.batches(get_batch)\n", "").replace("ring.keep(train_loader)\n", "")
+    assert {f.rule for f in check_source(bare, "bare.py")} == {"prefetched-batch", "loader-position-not-kept"}
+    assert check_source(source, "gpt_resumable.py") == []
 
 
 def _python_files_to_survive() -> list[Path]:

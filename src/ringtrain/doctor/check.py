@@ -42,6 +42,17 @@ def _lines(node: ast.AST) -> range:
     return range(start, (getattr(node, "end_lineno", None) or start) + 1)
 
 
+def _severity(rule_id: str, lower: list[str]) -> str:
+    """The rule's severity, or its lesser one when the check says the file leaves the condition open."""
+    rule = RULES[rule_id]
+    if lower and lower[0] is not None and lower[0] != rule.severity:
+        if lower[0] != rule.lesser:
+            raise ValueError(f"{rule_id}: a finding rated {lower[0]!r}, which is neither {rule.severity!r} nor "
+                             f"its lesser severity {rule.lesser!r}")
+        return lower[0]
+    return rule.severity
+
+
 def check_source(source: str, path: str = "<string>", ignore: frozenset[str] = frozenset()) -> list[Finding]:
     """Findings for one script's text. Raises SyntaxError when it is not valid Python."""
     tree = ast.parse(source, filename=path)
@@ -51,10 +62,10 @@ def check_source(source: str, path: str = "<string>", ignore: frozenset[str] = f
     for rule_id, check in CHECKS.items():
         if rule_id in ignore:
             continue
-        for node, message, hint in check(script):
+        for node, message, hint, *lower in check(script):
             if any(rule_id in comments.get(line, ()) or ALL in comments.get(line, ()) for line in _lines(node)):
                 continue
             key = (node.lineno, rule_id)
             if key not in findings:
-                findings[key] = Finding(path, node.lineno, rule_id, message, hint, RULES[rule_id].severity)
+                findings[key] = Finding(path, node.lineno, rule_id, message, hint, _severity(rule_id, lower))
     return sorted(findings.values(), key=lambda f: (f.line, f.rule))

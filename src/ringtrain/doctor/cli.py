@@ -37,7 +37,9 @@ object per finding with ``file``, ``line``, ``rule``, ``message``, ``hint`` and 
 
 Severities: ``error`` — the script crashes or hangs; ``warning`` — it runs but trains,
 saves or reports wrongly, or slower than it should; ``note`` — a fact about its semantics
-worth knowing (DataParallel's batch size, Horovod's learning-rate scaling, FSDP1).
+worth knowing (DataParallel's batch size, Horovod's learning-rate scaling, FSDP1). Two rules
+rate a finding one step lower, as a warning whose message names the condition, when the file
+leaves that condition open (eval-on-one-rank-through-ddp, optimizer-not-given-to-setup).
 
 Rules
 -----
@@ -112,12 +114,37 @@ Each finding is reported at the line to change; ``--list-rules`` prints this lis
                                        broadcasts the buffers from rank 0 (every forward with gradients
                                        on; the first after a training step under no_grad), and the other
                                        ranks may next reach a collective or the end; an FSDP model's
-                                       forward all-gathers, always a hang
+                                       forward all-gathers, always a hang. A warning, saying "if the model
+                                       has buffers", where the file does not show BatchNorm or a
+                                       register_buffer that always runs (nanoGPT's mask: only without flash)
     loss-divided-with-ring-accumulate
                               warning  at `loss = loss / k` (or `loss /= k`, `ring.backward(loss / k)`)
                                        reaching ring.backward in a script whose Ring accumulates
                                        (accumulate=k, ring.accumulate = k, global_batch=): ring.backward
                                        divides too, so the gradients are k times too small
+    backward-without-ring     error    at loss.backward() (or scaler.scale(loss).backward()) followed by a
+                                       step of the optimizer ring.setup wraps, where the Ring accumulates
+                                       (accumulate=k not 1, global_batch=, ring.accumulate = k: it steps on
+                                       every batch) or runs float16 (precision='16-mixed'/'fp16'/'float16':
+                                       its GradScaler unscales gradients it never scaled); ring.backward(loss)
+    optimizer-not-given-to-setup
+                              error    at `model = ring.setup(model)` when an optimizer built on the model's
+                                       parameters before it (torch.optim, model.configure_optimizers) is
+                                       stepped but not given: under FSDP setup shards the parameters and the
+                                       optimizer trains nothing. A warning ("under FSDP ...") when the
+                                       strategy comes from the environment or an argument
+    ring-save-on-one-rank     error    at ring.save / ring.load under a rank-0 check (`if ring.is_main:`,
+                                       `ring.rank == 0`, `is_local_main`, a master_process flag, a helper
+                                       called so, an early return): every rank must call them, rank 0 waits
+                                       for the others, a hang
+    prefetched-batch          warning  at the draw inside a ring.steps loop (or a while loop, with a Ring
+                                       checkpoint_dir) of a batch drawn before the loop and again after the
+                                       forward (nanoGPT's prefetch): when the run resumes from a checkpoint,
+                                       its first step trains another batch; get_batch = ring.batches(get_batch)
+    loader-position-not-kept  warning  at the construction of a loader of the script's own class (next_batch
+                                       advancing current_position / current_shard...: DataLoaderLite) never
+                                       given to ring.keep, in a script whose Ring checkpoints: when the run
+                                       resumes, its data starts again from the beginning; ring.keep(loader)
 
 What it cannot see
 ------------------

@@ -16,8 +16,11 @@ SEVERITIES = ("error", "warning", "note")
 @dataclass(frozen=True)
 class Rule:
     id: str
-    severity: str
+    severity: str  # the severity when the condition the finding names is visible in the file
     summary: str
+    # A lower severity the same rule gives when the file leaves that condition open (a strategy read from the
+    # environment, a model whose buffers the file does not show); the finding's message then names the condition.
+    lesser: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,19 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("ranks-share-device", "warning",
          "a device map, (rank * k + i) % world_size, that puts two ranks on one GPU"),
     Rule("eval-on-one-rank-through-ddp", "error",
-         "a forward of the DDP (or FSDP) model on one rank only: its broadcast or all-gather goes unmatched"),
+         "a forward of the DDP (or FSDP) model on one rank only: its broadcast or all-gather goes unmatched "
+         "(a warning when the file does not show that the DDP model has buffers)", lesser="warning"),
     Rule("loss-divided-with-ring-accumulate", "warning",
          "the loss divided by the accumulation count before ring.backward, which divides it too"),
+    Rule("backward-without-ring", "error",
+         "loss.backward() where the Ring accumulates or runs fp16: only ring.backward windows and scales"),
+    Rule("optimizer-not-given-to-setup", "error",
+         "an optimizer built on the model's parameters is not given to ring.setup, which shards them under FSDP "
+         "(a warning when the strategy is not written in the file)", lesser="warning"),
+    Rule("ring-save-on-one-rank", "error",
+         "ring.save or ring.load under a rank-0 check: every rank must call it, guarded it hangs"),
+    Rule("prefetched-batch", "warning",
+         "a batch drawn before the loop and again after each forward: a resumed run trains another batch first"),
+    Rule("loader-position-not-kept", "warning",
+         "the script's own loader keeps a position the checkpoints do not: a resumed run restarts its data"),
 )}

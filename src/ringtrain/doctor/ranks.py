@@ -21,8 +21,9 @@ RANKISH = re.compile(r"rank|(^|_)(main|master|primary|chief|leader|root)(_|$)|gl
 # Identifiers that, compared with 0, pick one process in scripts that call the rank "gpu"
 # (pytorch/examples: `if self.gpu_id == 0`, `args.gpu == 0`).
 _DEVICEISH = re.compile(r"rank|gpu|device|proc|worker|node|local|(^|_)id$|(^|_)idx$")
-# A flag or predicate true on the main process only: is_main_process, args.is_master, trainer.is_global_zero.
-_MAIN_FLAG = re.compile(r"^(is_)?((main|master|primary|chief|leader|root)(_process|_proc|_rank|_worker|_node)?"
+# A flag or predicate true on the main process only (or one per node): is_main_process, args.is_master,
+# trainer.is_global_zero, ring.is_local_main.
+_MAIN_FLAG = re.compile(r"^(is_)?(local_|node_)?((main|master|primary|chief|leader|root)(_process|_proc|_rank|_worker|_node)?"
                         r"|global_zero|rank_?zero|rank_?0)$")
 # Decorators that run a function on rank 0 only (Lightning's @rank_zero_only and look-alikes).
 _RANK_ZERO_DECORATOR = re.compile(r"rank_zero|main_process|master_only|rank0|only_main")

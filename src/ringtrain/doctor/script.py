@@ -333,7 +333,7 @@ class Script:
         self._aliases[memo] = found  # a cycle (a = b; b = a) stops here
         if depth:
             for value in self.values(expr):
-                for option in _name_options(value):
+                for option in name_options(value):
                     found |= self.aliases(option, depth - 1)
         return found
 
@@ -425,14 +425,14 @@ class Script:
         return False
 
 
-def _name_options(value: ast.AST | None) -> list[ast.expr]:
+def name_options(value: ast.AST | None) -> list[ast.expr]:
     """The names a value may be: ``b`` in ``a = b``, both in ``a = b if c else d``."""
     if isinstance(value, (ast.Name, ast.Attribute)):
         return [value]
     if isinstance(value, ast.IfExp):
-        return _name_options(value.body) + _name_options(value.orelse)
+        return name_options(value.body) + name_options(value.orelse)
     if isinstance(value, ast.BoolOp):
-        return [o for v in value.values for o in _name_options(v)]
+        return [o for v in value.values for o in name_options(v)]
     return []
 
 

@@ -1,9 +1,11 @@
-"""The checks, one function per rule id; each yields (node, message, hint) for its findings.
+"""The checks, one function per rule id; each yields (node, message, hint) for its findings, or (node, message,
+hint, severity) where the rule's lesser severity applies (findings.Rule.lesser: the file leaves its condition open).
 
 The node decides the reported line (and the lines a ``# ringtrain: ignore[rule]`` comment
 may sit on). Grouped by what they look at: data loading, checkpoints, the model wrap,
 the process group, metrics, Horovod, sharded training (FSDP), random splits, devices,
-evaluation on one rank, and scripts that use ringtrain's Ring.
+evaluation on one rank, and scripts that use ringtrain's Ring (its window and setup; what its checkpoints
+cannot see).
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from ..script import Script
-from . import (checkpoints, data, devices, evaluation, horovod, metrics, model, process_group, randomness, ring,
-               sharding, wrapping)
+from . import (checkpoints, data, devices, evaluation, horovod, metrics, model, process_group, randomness, resume,
+               ring, ring_use, sharding, wrapping)
 
-Report = tuple  # (ast node, message, hint)
+Report = tuple  # (ast node, message, hint[, severity])
 Check = Callable[[Script], Iterable[Report]]
 
 CHECKS: dict[str, Check] = {
@@ -46,4 +48,9 @@ CHECKS: dict[str, Check] = {
     "ranks-share-device": devices.ranks_share_device,
     "eval-on-one-rank-through-ddp": evaluation.eval_on_one_rank_through_ddp,
     "loss-divided-with-ring-accumulate": ring.loss_divided_with_ring_accumulate,
+    "backward-without-ring": ring_use.backward_without_ring,
+    "optimizer-not-given-to-setup": ring_use.optimizer_not_given_to_setup,
+    "ring-save-on-one-rank": ring_use.ring_save_on_one_rank,
+    "prefetched-batch": resume.prefetched_batch,
+    "loader-position-not-kept": resume.loader_position_not_kept,
 }

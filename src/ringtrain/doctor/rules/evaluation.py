@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from ..nodes import callee_name, dotted, is_const, keyword, position
 from ..ranks import decorator_guards, rank_guard, singles_out_one_rank
 from ..script import FUNCTION, LOOP, Script
+from .buffers import Buffers
 from .ring import is_ring, setup_models
 from .shards import Sharding
 
@@ -320,7 +321,7 @@ def _forever(loop: ast.AST) -> bool:
     return isinstance(loop, ast.While) and isinstance(loop.test, ast.Constant) and bool(loop.test.value)
 
 
-def _parting(script: Script, node: ast.AST, depth: int = 3) -> list[tuple[ast.AST, int, list]] | None:
+def parting(script: Script, node: ast.AST, depth: int = 3) -> list[tuple[ast.AST, int, list]] | None:
     """Where the ranks that do not run ``node`` part from the one that does: (the statement after
     which they go on, the line of the rank check, what they run instead — the other branch of the
     check). None when some path this file shows runs ``node`` on every rank, or none is visible."""
@@ -342,7 +343,7 @@ def _parting(script: Script, node: ast.AST, depth: int = 3) -> list[tuple[ast.AS
         return None
     sites = []
     for call in callers:
-        found = _parting(script, call, depth - 1)
+        found = parting(script, call, depth - 1)
         if found is None:
             return None
         sites += found
@@ -425,8 +426,8 @@ def eval_on_one_rank_through_ddp(script: Script) -> Iterator[tuple]:
     models = _Models(script)
     if not models.wraps:
         return
-    for call, kind, _ in models.forwards():
-        sites = _parting(script, call)
+    for call, kind, wrap in models.forwards():
+        sites = parting(script, call)
         if not sites or all(_twin(models, other) for _, _, other in sites):
             continue  # `if rank == 0: out = model(x) ... else: out = model(x)`: every rank runs a forward
         line = sites[0][1]
@@ -438,14 +439,14 @@ def eval_on_one_rank_through_ddp(script: Script) -> Iterator[tuple]:
                    "other ranks never join, and the job hangs",
                    _HINT_FSDP)
             continue
+        buffers = _buffers(script, wrap)
         if _grad_off(script, call) is False:
             yield (call,
                    f"`{name}(...)` runs the DistributedDataParallel model only on the process(es) picked by the rank "
                    f"check at line {line}, with gradients on: every such forward broadcasts the module's buffers "
                    "(BatchNorm statistics, a registered mask; DDP's broadcast_buffers, on by default) from rank 0, "
-                   "a collective the other ranks never join — with buffers, a hang (NCCL) or a failed collective "
-                   "(Gloo)",
-                   _HINT_DDP)
+                   f"a collective the other ranks never join — {buffers[0]}",
+                   _HINT_DDP, buffers[1])
             continue
         if kind == "ring-ddp":
             continue  # ringtrain's DDP runs no collective in a forward under no_grad: rank 0 may evaluate alone
@@ -462,6 +463,27 @@ def eval_on_one_rank_through_ddp(script: Script) -> Iterator[tuple]:
                f"check at line {line}: DDP's first forward after a training step broadcasts the module's buffers "
                "(BatchNorm statistics, a registered mask; broadcast_buffers, on by default) from rank 0, even under "
                "no_grad, and the broadcast is matched with whatever the other ranks call next — here they can "
-               f"reach {_describe(*(certain or unmatched)[0])} with no forward of the model before it: with buffers, a hang "
-               "(NCCL) or a failed collective (Gloo)",
-               _HINT_DDP)
+               f"reach {_describe(*(certain or unmatched)[0])} with no forward of the model before it: {buffers[0]}",
+               _HINT_DDP, buffers[1])
+
+
+def _buffers(script: Script, wrap: ast.AST) -> tuple[str, str | None]:
+    """The end of the message, and the severity: an error where the file shows the model has buffers, a warning
+    (whose text says the condition) where it does not."""
+    module = keyword(wrap, "module", 0) if isinstance(wrap, ast.Call) else None
+    if isinstance(wrap, ast.Call) and callee_name(wrap) == "setup":
+        module = keyword(wrap, "model", 0)
+    verdict = Buffers(script).of(module)
+    if verdict is not None and verdict[0] == "yes":
+        what = "a BatchNorm layer" if callee_name(verdict[1]) != "register_buffer" else "a registered buffer"
+        return (f"this model has buffers ({what}, line {verdict[1].lineno}): a hang (NCCL) or a failed collective "
+                "(Gloo)"), None
+    if verdict is not None:
+        test = next((b for b, _ in script.branches_around(verdict[1]) if isinstance(b, ast.If)), None)
+        shown = (f"this model registers its buffer (line {verdict[1].lineno}) only under `if {script.text(test.test)}:` "
+                 f"(line {test.lineno})") if test is not None else "the file shows only some of them"
+    else:
+        shown = "the file does not show the model's layers"
+    return (f"a hang (NCCL) or a failed collective (Gloo) if the model has buffers (a registered mask, BatchNorm "
+            f"statistics) and broadcast_buffers is on, as by default; {shown}, and a model without buffers "
+            "broadcasts nothing"), "warning"

@@ -6,7 +6,7 @@ import ast
 from collections.abc import Iterator
 
 from ..nodes import callee_name, is_const, keyword
-from ..ranks import singles_out_one_rank
+from ..ranks import mentions_a_rank, singles_out_one_rank
 from ..script import Script
 
 
@@ -126,9 +126,15 @@ def collective_on_one_rank(script: Script) -> Iterator[tuple]:
         if any(keyword(c, "group") is not None or keyword(c, "process_set") is not None for c in calls):
             continue  # subgroups: `if rank in group_ranks:` is how they are meant to be called
         guards = [_one_sided(script, c, concept) for c in calls]
-        if not all(guards):
-            continue  # some call site runs on every rank: perhaps the pairing one
+        # A call site every rank runs (no rank check on its way) cannot pair with a one-rank one: rank 0 runs it
+        # too, so it stays one call ahead of the others (nanoGPT's `if ddp: dist.all_reduce(loss)` beside one
+        # under `if ... and master_process:`). Another call site under some rank check may be the pairing one.
+        unpaired = [bool(g) or script.guarded(c, mentions_a_rank) is False for c, g in zip(calls, guards)]
+        if not any(guards) or not all(unpaired):
+            continue
         for call, guard in zip(calls, guards):
+            if not guard:
+                continue
             op = concept.split(".")[-1]
             yield (call,
                    f"{op} is a collective, but it runs only on the process(es) selected by the rank check at "

@@ -70,7 +70,7 @@ def optimizer_before_shard(script: Script) -> Iterator[tuple]:
             break
 
 
-def _rank_check(script: Script, call: ast.Call) -> int:
+def rank_check_line(script: Script, call: ast.Call) -> int:
     """The line of the rank-0 check that keeps ``call`` off the other ranks; 0 when every rank runs
     it, or when the ``else`` of that check runs its twin there."""
     guarded, lines = rank_guard(script, call)
@@ -99,7 +99,7 @@ def sharded_state_on_one_rank(script: Script) -> Iterator[tuple]:
                          for c in sharding.saved_states(keyword(s, "obj", 0))}
             if id(call) not in saved:
                 continue  # rank 0 looking at its own shards (a print, a norm) is harmless
-        if not (line := _rank_check(script, call)):
+        if not (line := rank_check_line(script, call)):
             continue
         what = dotted(call.func) or callee_name(call)
         if kind[1]:

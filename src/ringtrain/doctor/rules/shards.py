@@ -69,7 +69,7 @@ class Sharding:
                 path = script.names.path(call.func) or ""
                 if path.startswith(_OPTIMIZERS) and path.rsplit(".", 1)[-1][:1].isupper() \
                         and "lr_scheduler" not in path and "swa_utils" not in path:
-                    self.optimizers.append((call, self._owners(keyword(call, "params", 0), set())))
+                    self.optimizers.append((call, self.owners(keyword(call, "params", 0))))
 
     # --- which module ------------------------------------------------------------------
 
@@ -140,6 +140,10 @@ class Sharding:
         if isinstance(parent, ast.Return) and fn is not script.tree and depth:
             return {k for c in script.call_sites(fn) for k in self.stored_in(c, depth - 1)}
         return set()
+
+    def owners(self, expr: ast.AST | None) -> set[Key]:
+        """The modules whose ``.parameters()`` an optimizer's ``params`` hold (see :meth:`_owners`)."""
+        return self._owners(expr, set())
 
     def _owners(self, expr: ast.AST | None, seen: set[int]) -> set[Key]:
         """The modules whose ``.parameters()`` an optimizer's ``params`` hold (through names,
