@@ -38,12 +38,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-)
 
 from ..checkpoint import state
 from ..errors import RingtrainError
@@ -55,7 +49,9 @@ from .base import Distributed, PipelineSchedule, StageData
 from .ddp import DDP
 from .fsdp import FSDP
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
+# torch's schedule classes by name; torch.distributed.pipelining (and torch._dynamo with it: ~2 s of import) is
+# loaded when a pipeline builds its first schedule, not by every script that imports ringtrain's strategies.
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}
 
 
 def _positive(name: str, value: Any) -> int:
@@ -294,12 +290,14 @@ class Pipeline(StageCheckpoints, Distributed, PipelineSchedule):
             problem = dynamic_mode_problem(self._all_stages) if shapes is None else None
             if problem is not None:
                 raise problem
+            from torch.distributed import pipelining  # noqa: PLC0415 - heavy: loaded by a pipeline only (above)
+
             built = []
             for runner, index in zip(self._runners, self._local_indices):
                 ins, outs = shapes[index] if shapes else (None, None)
-                built.append(PipelineStage(runner, index, self._chunks, self.device, input_args=ins, output_args=outs,
+                built.append(pipelining.PipelineStage(runner, index, self._chunks, self.device, input_args=ins, output_args=outs,
                                            group=self.pp_group))
-            kind = SCHEDULES[self.schedule]
+            kind = getattr(pipelining, SCHEDULES[self.schedule])
             arg = built if self.schedule == "interleaved" else built[0]
             self._schedules[key] = kind(arg, self.microbatches, loss_fn=self._scaled_loss, scale_grads=False)
         return self._schedules[key]
