@@ -1,10 +1,12 @@
 """One checkpoint folder, one job (folder_lock.py).
 
 End to end with real jobs (``ringtrain run``, 2 Gloo ranks): a second job started on a folder a
-running job holds is refused, naming the holder, and the first ends exactly as it would alone; a
+running job holds is refused, naming the holder, and the first ends exactly as it would alone — also
+when the second carries the first's run id (``--rdzv-id 456``) from another pid namespace; a
 job whose rank 0 was SIGKILLed is restarted by the launcher, takes the folder over from its dead
 holder and resumes. Then the holder rules, on locks written by hand: a live process refuses, a
-gone one (or a reused pid) is taken over, another host is refused with the explicit way out.
+gone one (or a reused pid) is taken over, another host is refused with the explicit way out, whatever run
+id it carries. More on take-overs (item 8 of issue 37: no flock) in test_lock_takeover.py.
 """
 
 from __future__ import annotations
@@ -76,6 +78,56 @@ def test_second_job_on_a_held_folder_is_refused_and_the_first_ends_as_alone(tmp_
     assert "HINT: give this run a checkpoint_dir of its own" in said, outputs(second)
     assert not results(second.stdout) and not (second_dir / "params.pt").exists()
     # The first ended with the parameters it has alone, and gave the folder back.
+    assert (torch.load(paths["out"]) - alone).abs().max().item() <= 1e-6
+    assert sorted(os.listdir(paths["ckpt"])) == ["losses", "manifest.json", "step-000000012.pt", "step-000000015.pt"]
+
+
+def _with_run_id(command: list[str], run_id: str) -> list[str]:
+    """``ringtrain run --rdzv-id RUN_ID ...``: the run id as torchrun tutorials give it."""
+    at = command.index("run") + 1
+    return [*command[:at], "--rdzv-id", run_id, *command[at:]]
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0, reason="needs root and unshare (util-linux)")
+def test_a_second_job_with_the_same_run_id_in_another_pid_namespace_is_refused_while_the_first_runs(tmp_path, alone):
+    """Issue 37, item 3: two jobs given one ``--rdzv-id 456`` (TORCHELASTIC_RUN_ID) are two jobs. The second,
+    started in a pid namespace of its own (``unshare --pid``, as a container would), cannot check the first's
+    rank 0 from there: it used to take the folder over as "an earlier attempt of this job" and resume the first's
+    checkpoint while the first trained on. It is refused, naming the holder, and the first ends as alone."""
+    first_dir, second_dir, hold = tmp_path / "first", tmp_path / "second", tmp_path / "hold"
+    hold.mkdir()
+    paths = jobs.train_paths(first_dir)
+    second_dir.mkdir()
+    (second_dir / "log").mkdir()
+    first = subprocess.Popen(_with_run_id(jobs.train_command(first_dir), "456"), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env=child_env(**{jobs.HOLD_AT_STEP: "5", jobs.HOLD_DIR: str(hold)}))
+    try:
+        _wait_for(hold / "holding", first)
+        holder = json.loads((paths["ckpt"] / LOCK).read_text())
+        assert holder["job"] == "torchrun 456" and holder["pidns"] == procs.pid_namespace()
+        second_cmd = _with_run_id(jobs.train_command(second_dir), "456")  # the same script: it would resume
+        second_cmd[second_cmd.index("--ckpt") + 1] = str(paths["ckpt"])
+        second = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", *second_cmd], capture_output=True,
+                                text=True, timeout=200, env=child_env())
+        lock_after = json.loads((paths["ckpt"] / LOCK).read_text()) if (paths["ckpt"] / LOCK).exists() else None
+    finally:
+        (hold / "go").touch()
+        out, err = first.communicate(timeout=200)
+    said = second.stdout + second.stderr
+    assert second.returncode != 0 and "took over" not in said and "resumed from" not in said, outputs(second)
+    assert lock_after == holder, outputs(second)  # the folder stayed the first's while it ran
+    assert (f"is locked by pid {holder['pid']} on host {holder['host']} (pid namespace {holder['pidns']}, "
+            f"torchrun 456, holding it since {holder['since']})") in said, outputs(second)
+    assert "from another pid namespace of this host it cannot be told whether that job is still running" in said
+    assert "the same run id (torchrun 456) does not make it the same job" in said, outputs(second)
+    assert (f"HINT: stop that job, or give this run a checkpoint_dir of its own; if you know it is not running, "
+            f"delete {paths['ckpt'] / LOCK} and start again") in said, outputs(second)
+    assert not results(second.stdout) and not (second_dir / "params.pt").exists()
+    assert first.returncode == 0, f"{out}\n{err}"
+    assert [(r["rank"], r["steps"]) for r in results(out)] == [("0", "15"), ("1", "15")], out
+    assert "resumed from" not in out and "took over" not in out
     assert (torch.load(paths["out"]) - alone).abs().max().item() <= 1e-6
     assert sorted(os.listdir(paths["ckpt"])) == ["losses", "manifest.json", "step-000000012.pt", "step-000000015.pt"]
 
@@ -176,10 +228,14 @@ def test_a_holder_on_another_host_is_refused_with_the_way_to_take_over(tmp_path)
     with pytest.raises(rt.RingtrainError, match="on host another-node") as info:
         lock.acquire("torchrun a-different-job")
     assert "cannot be told whether that job is still running" in str(info.value)
-    assert f"HINT: if it is not running, delete {folder / LOCK} and start again" in str(info.value)
-    # The same job by its launcher's run id (a restart whose rank 0 is on another node now) takes it over.
-    said = lock.acquire("torchrun test-job")
-    assert said is not None and said.endswith("an earlier attempt of this job")
+    assert (f"if you know it is not running, delete {folder / LOCK} and start again") in str(info.value)
+    # Carrying this run's id proves nothing (issue 37, item 3: two jobs can be given one --rdzv-id): refused too.
+    with pytest.raises(rt.RingtrainError, match="the same run id \\(torchrun test-job\\) does not make it the same"):
+        lock.acquire("torchrun test-job")
+    assert json.loads((folder / LOCK).read_text()) == asdict(holder)
+    # Deleted by hand (the way out the message gives), the folder is this run's.
+    (folder / LOCK).unlink()
+    assert lock.acquire("torchrun test-job") is None
     lock.release()
     assert not (folder / LOCK).exists()
 

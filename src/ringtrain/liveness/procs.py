@@ -5,8 +5,9 @@ is reused. So a process another process may have to judge later — a checkpoint
 (checkpoint/lock.py), the writer of a temporary file (checkpoint/temporaries.py), a rank on the
 job's board (board.py) — is named by a ``ProcessId``: host, boot id, pid namespace, pid and start
 time. ``ProcessId.status()`` says ``alive``, ``gone``, ``rebooted`` (this host since restarted:
-every process of that boot has ended) or ``elsewhere`` (another machine or pid namespace: it
-cannot be checked from here, so nothing is taken from it).
+every process of that boot has ended) or ``elsewhere`` (another machine or pid namespace, or a
+``/proc`` that shows another namespace's processes: it cannot be checked from here, so nothing is
+taken from it).
 
 This module is the only reader of ``/proc/<pid>/stat``. It imports nothing of ringtrain and no torch.
 """
@@ -122,6 +123,15 @@ def pid_namespace() -> str:
     return ""
 
 
+def proc_is_ours() -> bool:
+    """Whether ``/proc`` shows this process's pid namespace. Under ``unshare --pid --fork`` without
+    ``--mount-proc`` it is the outer namespace's: a pid of this namespace read there is another process, or none."""
+    try:
+        return os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return not os.path.isdir("/proc")  # no /proc at all (not Linux): judged by existence alone
+
+
 def host_identity() -> str:
     """This machine, boot and pid namespace as one string: two pids are comparable only under equal identities."""
     return "/".join(part for part in (socket.gethostname(), boot_id(), pid_namespace()) if part)
@@ -156,6 +166,8 @@ class ProcessId:
             return "rebooted"
         if self.pidns and pid_namespace() and self.pidns != pid_namespace():
             return "elsewhere"  # its pid means another process here (or none): nothing to conclude
+        if not proc_is_ours():
+            return "elsewhere"  # /proc/<its pid> would be another namespace's process (or none)
         fields = stat(self.pid)
         if fields is None:
             if os.path.isdir("/proc"):
