@@ -95,20 +95,28 @@ def _say_plan(plan: Plan, args, threads: tuple[int, str] | None) -> None:
 
 def execute(plan: Plan) -> int:
     """Run the job through torchrun's agent in this process; return the exit code."""
-    from ..liveness.seal import SECRET_ENV, job_secret  # what the job needs, loaded once it starts (fast --help)
+    # what the job needs, loaded once it starts (fast --help)
+    from ..liveness.seal import AGENT_NONCE_ENV, SECRET_ENV, job_secret, new_nonce
 
-    # The board's seal (seal.py): the workers inherit the job's secret through the environment only.
+    # The board's seal (seal.py): the workers inherit the job's secret through the environment only, and a nonce
+    # drawn now, which their hellos carry: the hellos of this job's workers are the ones this agent reads the
+    # board with (a job key derived from hellos copied from another job's store would let that job's posts in).
     secret, unsealed = job_secret(multi_node=plan.max_nodes > 1, loopback=is_loopback(plan.master_addr))
     if unsealed:
         print(unsealed, file=sys.stderr, flush=True)
-    previous = os.environ.get(SECRET_ENV)
+    previous, previous_nonce = os.environ.get(SECRET_ENV), os.environ.get(AGENT_NONCE_ENV)
     if secret is not None:
         os.environ[SECRET_ENV] = secret  # for the workers, and this agent's own reads of the board
+        os.environ[AGENT_NONCE_ENV] = new_nonce()
     try:
         return _execute(plan)
     finally:
         if previous is None:
             os.environ.pop(SECRET_ENV, None)
+        if previous_nonce is None:
+            os.environ.pop(AGENT_NONCE_ENV, None)
+        else:
+            os.environ[AGENT_NONCE_ENV] = previous_nonce
 
 
 def _say_when_signalled(marks: str):

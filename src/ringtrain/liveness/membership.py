@@ -370,7 +370,9 @@ def explain() -> str | None:
 
 
 def plain_board(master_addr: str, master_port: int, rank: int, world_size: int, generation: str) -> Board | None:
-    """A board for a plain torch.distributed script (no ring): a fresh client of the launcher's store."""
+    """A board for a plain torch.distributed script (no ring): a fresh client of the launcher's store. It learns the
+    job's key from the hellos there once it needs it and they are all there (board.py, ``Board.bind``; this rank's
+    must be this process's); until then it seals with the job's secret alone."""
     if not _listening(master_addr, master_port):
         return None
     try:

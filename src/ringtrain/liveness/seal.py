@@ -1,20 +1,35 @@
-"""Proof that a post on the job's board comes from the job: an HMAC with a secret only the job holds.
+"""Proof that a post on the job's board comes from the job: an HMAC with a key only the job's ranks hold.
 
 The job's rendezvous store is a TCPStore: no authentication, anyone who reaches its port may write
 any key. A post on the liveness board (board.py) can end the whole job and put a rank's name and an
 error text in every node's report, so a local process (or, on a port that listens beyond loopback, a
 machine on the network) could end a run with a forged "rank 1 failed". Every record a rank or an
-agent writes on the board is therefore sealed — ``TAG + HMAC-SHA256(secret, full key + text) + ":" +
-text`` — and a reader that holds the secret ignores what is not sealed by it (one line on stderr,
-naming the key, once per key and process). The key is part of the MAC, so a genuine post cannot be
-replayed under another rank's key or in another generation of the board.
+agent writes on the board is therefore sealed — ``TAG + job + ":" + HMAC-SHA256(key, full store key +
+text) + ":" + text`` — and a reader that holds the secret ignores what is not sealed for its job (one
+line on stderr, naming the key, once per key and process).
+
+**Bound to the job** (issue 37). The store keys are the same in every job (``ringtrain/live/0-0/rank/1``),
+and so can the secret be: the user's ``RINGTRAIN_JOB_SECRET`` set for several jobs, the loopback secret
+every two-node job on this machine reads. A post sealed with the secret alone could be recorded from one
+job's store and replayed into another's. So the secret seals only the ranks' hellos; every other record
+is sealed with the *job's key*, ``for_job``: an HMAC of the secret over the generation's prefix and every
+rank's hello, each holding a nonce its rank drew as it joined (board.py, ``Board.bind``). Each rank puts
+its own hello, as it wrote it, in the key it derives, so its key is one no other job or attempt ever had,
+whatever anyone wrote in the store: a post copied from elsewhere opens nowhere ("sealed for another
+job"), and a hello copied from elsewhere only makes the ranks that read it derive a key nobody else
+holds (their posts then go unheard: a denial, said on stderr, never another job's word taken). A
+reader that said no hello of its own (the launcher's agent) binds only to a set of hellos holding
+something it knows is fresh: its agent's nonce (``AGENT_NONCE_ENV``, drawn per ``ringtrain run``), which
+its workers put in theirs. ``job`` (16 hex characters, public) names the job's key in each seal, so a
+reader tells a replay from a forgery; the secret's own seal (hellos) has ``job == ""``.
 
 The secret (``RINGTRAIN_JOB_SECRET``) reaches the workers through the environment only: never on a
 command line (``ps`` shows those to every user), never in the store. ``ringtrain run`` makes one per
 job on a single node; a multi-node job needs the same one on every node — the user's
-``RINGTRAIN_JOB_SECRET`` or ``RINGTRAIN_JOB_SECRET_FILE`` (``job_secret``); a multi-node job given
-neither runs unsealed, as before, and the launcher says so. A process that holds no secret (plain
-torchrun, srun, ``rt.launch`` without one) writes and accepts unsealed posts: nothing changes there.
+``RINGTRAIN_JOB_SECRET`` or ``RINGTRAIN_JOB_SECRET_FILE`` (``job_secret``), or the loopback secret of
+nodes that all run on this machine; a multi-node job given neither runs unsealed, as before, and the
+launcher says so. A process that holds no secret (plain torchrun, srun, ``rt.launch`` without one)
+writes and accepts unsealed posts: nothing changes there.
 
 What this does not do: encrypt (anyone who reaches the store still reads every key), protect Gloo's
 or NCCL's sockets, or make unpickled objects (``all_gather_object``) safe — README.md, "Security".
@@ -36,15 +51,22 @@ from ..errors import RingtrainError
 
 SECRET_ENV = "RINGTRAIN_JOB_SECRET"
 SECRET_FILE_ENV = "RINGTRAIN_JOB_SECRET_FILE"
-TAG = "rt-seal1:"
+# A nonce ``ringtrain run`` draws per job and hands its workers (no secret: it may show anywhere); each worker's
+# hello carries it, so that the agent knows which hellos on the store are its own job's (board.py, ``bind``).
+AGENT_NONCE_ENV = "RINGTRAIN_AGENT_NONCE"
+TAG = "rt-seal2:"
 _MAC_CHARS = 64  # hex SHA-256
+_JOB_CHARS = 16  # the public name of a job's key
 
 
 class Seal:
-    """Seals and opens the board's records with one secret; ``Seal(None)`` seals nothing and accepts all."""
+    """Seals and opens the board's records with one key; ``Seal(None)`` seals nothing and accepts all.
+
+    ``Seal(secret)`` is the secret's own seal (the hellos'); ``for_job`` gives the seal of one job."""
 
     def __init__(self, secret: str | None):
         self._key = secret.encode() if secret else None
+        self.job = ""  # the public name of this seal's job key; "" for the secret's own seal
         self._reported: set[str] = set()  # keys whose rejection was already said (one line per key)
 
     @classmethod
@@ -55,37 +77,85 @@ class Seal:
     def active(self) -> bool:
         return self._key is not None
 
+    def for_job(self, identity: str) -> "Seal":
+        """The seal of one job: a key derived from the secret and ``identity`` (the generation's prefix and every
+        rank's hello, board.py). Lines already said are not said again by it. Without a secret: this seal."""
+        if self._key is None:
+            return self
+        bound = Seal(None)
+        bound._key = hmac.new(self._key, b"ringtrain job key\0" + identity.encode(), hashlib.sha256).digest()
+        bound.job = hmac.new(bound._key, b"job", hashlib.sha256).hexdigest()[:_JOB_CHARS]
+        bound._reported = self._reported
+        return bound
+
     @staticmethod
     def _mac(secret: bytes, key: str, text: str) -> str:
         return hmac.new(secret, key.encode() + b"\0" + text.encode(), hashlib.sha256).hexdigest()
 
     def seal(self, key: str, text: str) -> str:
         """``text`` as stored under ``key`` (the full store key): sealed when there is a secret."""
-        return text if self._key is None else f"{TAG}{self._mac(self._key, key, text)}:{text}"
+        return text if self._key is None else f"{TAG}{self.job}:{self._mac(self._key, key, text)}:{text}"
 
     def name(self, key: str) -> str:
         """A store key only the job's ranks can name (``key`` and a MAC of it): a claim nobody else can take first.
         Without a secret, ``key`` itself."""
         return key if self._key is None else f"{key}/{self._mac(self._key, key, 'name')[:16]}"
 
+    @staticmethod
+    def job_of(raw: bytes | str) -> str | None:
+        """The job a stored value says it is sealed for ("" for the secret's own seal); None if it is not sealed."""
+        parsed = _parse(raw.decode(errors="replace") if isinstance(raw, bytes) else raw)
+        return None if parsed is None else parsed[0]
+
     def open(self, key: str, raw: bytes | str) -> str | None:
-        """The text stored under ``key`` if the job wrote it; None (and one line on stderr) if not."""
+        """The text stored under ``key`` if this seal's job wrote it; None (and one line on stderr) if not."""
         value = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-        sealed = value.startswith(TAG) and value[len(TAG) + _MAC_CHARS:len(TAG) + _MAC_CHARS + 1] == ":"
-        text = value[len(TAG) + _MAC_CHARS + 1:] if sealed else value
+        parsed = _parse(value)
         if self._key is None:
-            return text  # nothing to check with: a job without a secret accepts what it reads
-        if sealed and hmac.compare_digest(value[len(TAG):len(TAG) + _MAC_CHARS], self._mac(self._key, key, text)):
-            return text
-        self.reject(key, "it is not sealed" if not sealed else "its seal does not match this job's secret")
-        return None
+            return value if parsed is None else parsed[2]  # nothing to check with: accept what it reads
+        if parsed is None:
+            self.reject(key, f"it is not sealed (another process wrote it, or a node that has no {SECRET_ENV})")
+            return None
+        job, mac, text = parsed
+        if job != self.job:
+            self.reject(key, self._other_job(job))
+            return None
+        if not hmac.compare_digest(mac, self._mac(self._key, key, text)):
+            self.reject(key, f"its seal does not match this job's secret (another process wrote it, or this node "
+                             f"has another {SECRET_ENV} than the one that wrote it)")
+            return None
+        return text
+
+    def _other_job(self, job: str) -> str:
+        if self.job and job:
+            return ("it was sealed for another job: a post copied from another job's store (or another attempt's) "
+                    f"and written here, or sealed with another {SECRET_ENV}; not by this job's ranks")
+        if self.job:
+            return ("it is sealed with the job's secret alone, not with this job's key: copied from another job's "
+                    "store (a hello, or a post of a process that never learnt its job's key), not by this job's ranks")
+        return ("it is sealed with the key of a job this process could not learn (the hellos of the job's ranks on "
+                "the store are missing, or not theirs)")
 
     def reject(self, key: str, why: str) -> None:
         if key in self._reported:
             return
         self._reported.add(key)
-        print(f"ringtrain: ignored a post on the job's store under {key!r}: {why} (another process wrote it, "
-              f"or this node has another {SECRET_ENV} than the one that wrote it).", file=sys.stderr, flush=True)
+        print(f"ringtrain: ignored a post on the job's store under {key!r}: {why}.", file=sys.stderr, flush=True)
+
+
+def _parse(value: str) -> tuple[str, str, str] | None:
+    """(job, MAC, text) of a sealed value; None when it is not one."""
+    if not value.startswith(TAG):
+        return None
+    job, colon, rest = value[len(TAG):].partition(":")
+    mac, colon2, text = rest.partition(":")
+    if not (colon and colon2) or len(mac) != _MAC_CHARS or len(job) not in (0, _JOB_CHARS):
+        return None
+    return job, mac, text
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(16)
 
 
 def new_secret() -> str:
@@ -117,7 +187,9 @@ def user_secret(environ: Mapping[str, str] = os.environ) -> str | None:
 def loopback_secret(home: str | None = None) -> str:
     """The secret of this user's jobs whose nodes all run on this machine (a master on a loopback address): kept
     in a file only this user can read, so every node's agent finds the same one and no other user's process can
-    seal a post. Made once (the first agent to get there; the others read it)."""
+    seal a post. Made once (the first agent to get there; the others read it). Every such job shares it, and that
+    is harmless: what a job's ranks post is sealed with a key of that job alone (``Seal.for_job``), never with
+    this secret, so a post copied from one of them into another is ignored."""
     folder = os.path.join(home or os.path.expanduser("~"), ".cache", "ringtrain")
     os.makedirs(folder, mode=0o700, exist_ok=True)
     path = os.path.join(folder, "loopback-secret")

@@ -30,6 +30,7 @@ from torch.distributed.rendezvous import rendezvous
 from ..errors import RingtrainError, one_line
 from ..liveness import flight, membership as liveness
 from ..liveness.activity import Activity
+from ..liveness.board import BIND_WAIT_S
 from ..liveness.watchdog import STALL_WARNING_S, stall_warning_of
 from . import devices
 from .environments import Environment
@@ -151,6 +152,9 @@ class ProcessGroup:
         self._owns_group = True
         self.store = dist.PrefixStore(f"ringtrain/{generation}", raw)  # this formation's keys only
         if board is not None:
+            # Every rank said hello (with a nonce of its own) before the group formed: the job's key, from all of
+            # them, seals what this rank posts from now on, and a post copied from another job opens nowhere.
+            board.bind(wait_s=BIND_WAIT_S)
             self.membership = liveness.Membership(board, self.activity, backward_syncs=self.backward_syncs,
                                                   error_file=self.env.error_file,
                                                   stall_warning=self.options.stall_warning,
