@@ -11,7 +11,7 @@ import os
 import re
 import shutil
 import warnings
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import RingtrainError
 from . import files, sharded
@@ -232,7 +232,7 @@ class CheckpointDir:
         candidates = self.candidates()
         return candidates[0] if candidates else None
 
-    def latest_readable(self) -> str | None:
+    def latest_readable(self, failed: Mapping[str, str] | None = None) -> str | None:
         """The newest listed checkpoint that reads back whole; None when none is listed.
 
         A newer one that does not read (damaged on disk, truncated by a full disk after
@@ -241,19 +241,24 @@ class CheckpointDir:
         deciding on the main process alone (every rank then loads the same file).
         When every listed checkpoint fails, that is an error rather than a fresh start:
         a passing fault (a file system hiccup) must not send the run back to step 0 and
-        then rotate the good checkpoints away.
+        then rotate the good checkpoints away. ``failed``: the ones that read whole here but did not load (path ->
+        why), passed over, and named in that error; the resume sets them aside once an older one has loaded.
         """
+        failed = dict(failed or {})
         candidates = self.candidates()
         problems = []
         for path in candidates:
+            if path in failed:
+                continue
             problem = self._problem(path)
             if problem is None:
                 for damaged, why in problems:  # newer ones that do not read: out of the way of the next saves
                     self.notes.append(self.set_aside(damaged, why, instead=path))
                 return path
             problems.append((path, problem))
-        if problems:
-            listed = "; ".join(f"{os.path.basename(p)} ({why})" for p, why in problems)
+        if problems or failed:
+            found = dict(problems) | {path: f"did not load: {why}" for path, why in failed.items()}
+            listed = "; ".join(f"{os.path.basename(p)} ({found[p]})" for p in candidates if p in found)
             raise RingtrainError(
                 f"none of the checkpoints listed in {self.manifest!r} can be read: {listed}",
                 "check the disk and the files; to start from scratch instead, move the folder away.",

@@ -115,9 +115,10 @@ class Resumer(StateFiles):
             return
         self._targets.update(targets)
         self._fingerprint["entries"].update(self._describe(targets))
+        failed: dict[str, str] = {}  # read whole, did not load: set aside once an older one has (none may be theirs)
         while True:
             try:
-                latest, said, self._resumed, self._comparable = self._agree(lambda: self._choose(list(targets)))
+                latest, said, self._resumed, self._comparable = self._agree(lambda: self._choose(list(targets), failed))
             except RingtrainError:
                 self.release()  # refused: the folder is not this run's to hold
                 raise
@@ -129,10 +130,11 @@ class Resumer(StateFiles):
             try:
                 self.load(latest, **targets)
             except files.DamagedCheckpoint as e:  # it read as whole on disk, but not its contents: the one before
-                why, damaged = e.message, latest
-                self.say(self._agree(lambda: self.checkpoints.set_aside(damaged, why)))  # type: ignore[union-attr]
+                failed[latest] = e.message
                 continue
             break
+        for damaged, why in failed.items():  # an older one loaded: theirs was a fault of their own
+            self.say(self._agree(lambda: self.checkpoints.set_aside(damaged, why, instead=latest)))  # type: ignore[union-attr]
         epoch = f"epoch {self.resume_epoch}, " if self.resume_epoch is not None else ""
         self.say(f"ringtrain: resumed from {latest} ({epoch}step {self.step.optimizer_steps})")
         self._say_if_slower_than_grace(self._agree(lambda: self.checkpoints.seconds_of(latest)))  # type: ignore[union-attr]
@@ -150,10 +152,12 @@ class Resumer(StateFiles):
                 described[name] = fingerprint.of_optimizer(target)
         return described
 
-    def _choose(self, names: list[str]) -> tuple[str | None, list[str], dict[str, Any] | None, bool]:
-        """Main process: the checkpoint to resume from (or None), what to say, by ``resume=``, its fingerprint, and
-        whether this run is the same as the one that wrote it (world size and configuration: the self-check's)."""
-        latest = self.checkpoints.latest_readable()  # type: ignore[union-attr]
+    def _choose(self, names: list[str], failed: dict[str, str]) -> tuple[str | None, list[str], dict[str, Any] | None,
+                                                                      bool]:
+        """Main process: the checkpoint to resume from (or None; ``failed``: those that did not load, passed over),
+        what to say, by ``resume=``, its fingerprint, and whether this run is the same as the one that wrote it
+        (world size and configuration: the self-check's)."""
+        latest = self.checkpoints.latest_readable(failed)  # type: ignore[union-attr]
         notes, self.checkpoints.notes = self.checkpoints.notes, []  # type: ignore[union-attr]
         if latest is None:
             return None, notes, None, False
