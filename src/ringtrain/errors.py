@@ -33,7 +33,7 @@ def one_line(error: BaseException, limit: int = 500) -> str:
 
 
 # The extras of pyproject.toml's [project.optional-dependencies] that ringtrain's optional parts name, and the
-# package each brings for a module (tests/test_errors.py checks both against pyproject.toml and every command).
+# package each brings for a module (tests/cli/test_commands.py checks both against pyproject.toml and every command).
 EXTRA_PACKAGES = {"matplotlib": "matplotlib", "sklearn": "scikit-learn", "tensorboard": "tensorboard"}
 
 

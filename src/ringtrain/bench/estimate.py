@@ -1,4 +1,4 @@
-"""How long a bench will take, said before it starts (issue 33): a CIFAR bench on a CPU ran for hours with
+"""How long a bench will take, said before it starts: a CIFAR bench on a CPU ran for hours with
 nothing said up front.
 
 The workload's own model is timed here, in the parent, before any process starts: one optimizer step on a few
@@ -23,7 +23,7 @@ PROBE_SAMPLES = 32  # what one timed step trains on: per-sample cost is what sca
 TIMED_STEPS = 3  # the fastest of these counts: a step that another process interrupted says little
 LONG_S = 10 * 60.0  # past this, the bench offers its quick form before starting
 FORWARD_SHARE = 1 / 3  # a forward pass is about a third of forward + backward + step
-# Measured on the 2-core CPU (issue 33): `bench --quick`'s 42 runs of one launch took 24 s (1 rank) and 34 s
+# Measured on the 2-core CPU: `bench --quick`'s 42 runs of one launch took 24 s (1 rank) and 34 s
 # (2 ranks) where the steps alone were a few seconds; a launch starts its processes, which import torch.
 LAUNCH_S = 4.0
 RUN_S = 0.6

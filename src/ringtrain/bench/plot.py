@@ -57,7 +57,7 @@ def figure(rows: list[dict], meta: dict):
     width_in = max(6.0, 1.1 * len(modes) * len(precisions) + 2)
     chars = int(width_in * 14)  # 7-point monospace: about 14 characters an inch
     wrapped = [part for line in notes for part in textwrap.wrap(line, chars, subsequent_indent="    ")]
-    legend_in = 0.45  # the legend's row under the panels: inside a panel it covered bars (issue 33, item 8)
+    legend_in = 0.45  # the legend's row under the panels: inside a panel it covered bars
     height_in = 4.2 + legend_in + 0.18 * (len(wrapped) + 1 if wrapped else 0)
     fig, axes = plt.subplots(1, len(precisions), figsize=(width_in, height_in), squeeze=False, sharey=True)
     width = 0.8 / max(len(worlds), 1)

@@ -19,7 +19,7 @@ job (the launcher's run id) and when it took the folder.
   namespace (``unshare --pid``, a container), or one this process's ``/proc`` cannot show (``unshare
   --pid`` without ``--mount-proc``) cannot be checked from here: refused, whatever run id it carries.
   A run id is what a launcher was told (torchrun's ``--rdzv-id 456`` as tutorials write it, a Slurm
-  job id), and two jobs can be told the same one (issue 37, item 3): it proves nothing. The refusal
+  job id), and two jobs can be told the same one (two torchrun jobs given --rdzv-id 456): it proves nothing. The refusal
   names the holder (host, pid, pid namespace, run id, since when) and the ways out: stop that job,
   give this run its own folder, or — known dead — delete the lock.
 * **One take-over per gone holder**, with or without ``flock``. A take-over first creates the

@@ -2,7 +2,7 @@
 (a script's own loader with its position, a sampler, an EMA), and the batches ``ring.batches`` holds across the
 checkpoint (a prefetch).
 
-Until issue 36 ``ring.extras`` were rank 0's, and every rank got rank 0's values back: a loader position kept there
+Once ``ring.extras`` were rank 0's, and every rank got rank 0's values back: a loader position kept there
 resumed rank 1 at rank 0's place (4.6e-4 off, nothing said). Now every rank's own state is gathered into the
 checkpoint's meta (``ranks``: one record per rank, encoded by values.py so the safe reader takes it back), and each
 rank gets its own back. At another world size a value follows only where that is unambiguous — the same on every

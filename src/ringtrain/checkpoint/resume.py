@@ -3,11 +3,11 @@
 The state machine, top to bottom:
 
 0. construction — with a ``checkpoint_dir``, the main process makes the folder ready and takes it
-   for this job (folder_lock.py; ``release()`` gives it back), every rank told the outcome;
+   for this job (lock.py; ``release()`` gives it back), every rank told the outcome;
 1. ``track(targets)`` — ``ring.setup`` hands over the model/optimizer/scheduler it made; with
    a ``checkpoint_dir`` they become the periodic save's contents, their configuration is
    recorded (fingerprint.py), and the newest complete checkpoint in the folder is loaded into
-   them now if ``resume=`` allows it (resume_policy.py; a restarted job resumes here);
+   them now if ``resume=`` allows it (policy.py; a restarted job resumes here);
 2. ``add_loader(made)`` — a loader made after a load gets its saved position (the first training
    loader also gives the global batch, checked against the checkpoint's);
 3. ``safe_point()`` — the loop is between two steps (the top of ``ring.steps``/``ring.epochs``, a ring
@@ -32,7 +32,7 @@ from ..liveness.records import PREEMPTED
 from ..loop.data import RingLoader
 from ..loop.held import Held
 from ..loop.preempt import EXIT_CODE, Preempted, mark, requeue
-from . import files, fingerprint, lock as folder_lock, policy as resume_policy, rng, sharded, state
+from . import files, fingerprint, lock, policy, rng, sharded, state
 from .folder import CheckpointDir
 from .selfcheck import LossRecord, check_folder
 from .state_files import StateFiles, resume_loader
@@ -54,7 +54,7 @@ class Resumer(StateFiles):
         self._safe_points = 0  # regular safe points passed (a loop with none resumes inexactly, and says so)
         self._resumed: dict[str, Any] | None = None  # the fingerprint of the checkpoint resumed from, until checked
         self._resumed_from = ""
-        self._lock: folder_lock.FolderLock | None = None
+        self._lock: lock.FolderLock | None = None
         self._said_grace = False
         self._said_late = False
         self._claim()
@@ -63,7 +63,7 @@ class Resumer(StateFiles):
     def checkpoint_dir(folder: str | None, save_every: int | None, keep_last: int,
                        resume: str = "auto") -> CheckpointDir | None:
         """``Ring(checkpoint_dir=, save_every=, keep_last=, resume=)``, checked before any process group forms."""
-        resume_policy.check_argument(resume, folder)
+        policy.check_argument(resume, folder)
         checking = check_folder()
         if checking:  # ringtrain run --check-resume: every step saved into the check's folder, none dropped
             folder, save_every, keep_last = checking, 1, 10**6
@@ -81,19 +81,19 @@ class Resumer(StateFiles):
         return 1 if check_folder() else save_every
 
     def _claim(self) -> None:
-        """The main process makes the folder ready and takes it for this job (folder_lock.py); every rank
+        """The main process makes the folder ready and takes it for this job (lock.py); every rank
         gets the outcome, so a refusal raises on all of them."""
         if self.checkpoints is None:
             return
 
         def claim() -> list[str]:
             self.checkpoints.check_writable()  # a folder that cannot take a checkpoint is named now, not at step N
-            self._lock = folder_lock.FolderLock(self.checkpoints.folder)
-            said = [self._lock.acquire(folder_lock.job_of(os.environ))]
+            self._lock = lock.FolderLock(self.checkpoints.folder)
+            said = [self._lock.acquire(lock.job_of(os.environ))]
             try:
                 self.checkpoints.prepare()
                 if self.resume == "never" and self.strategy.env.restart_count == 0:
-                    said.append(resume_policy.set_aside(self.checkpoints))
+                    said.append(policy.set_aside(self.checkpoints))
             except BaseException:
                 self.release()
                 raise
@@ -165,8 +165,8 @@ class Resumer(StateFiles):
         if saved is None:
             return latest, notes, None, False  # written before checkpoints held their configuration: nothing to compare
         changed = fingerprint.differences(saved, self._run_fingerprint(), names)
-        resized = resume_policy.world_size_note(latest, saved, self.strategy.world_size)
-        return latest, notes + (resized + resume_policy.judge(self.resume, self.checkpoints.folder, latest, changed)), \
+        resized = policy.world_size_note(latest, saved, self.strategy.world_size)
+        return latest, notes + (resized + policy.judge(self.resume, self.checkpoints.folder, latest, changed)), \
             saved, not changed and not resized  # type: ignore[union-attr]
 
     def add_loader(self, made: RingLoader) -> None:
@@ -184,7 +184,7 @@ class Resumer(StateFiles):
             self.say(f"ringtrain: {line}, with the world size ({saved['world_size']} -> {self.strategy.world_size})")
         elif line is not None:
             try:
-                said = resume_policy.judge(self.resume, self.checkpoints.folder, self._resumed_from, [line])  # type: ignore[union-attr]
+                said = policy.judge(self.resume, self.checkpoints.folder, self._resumed_from, [line])  # type: ignore[union-attr]
             except RingtrainError:
                 self.release()
                 raise

@@ -3,7 +3,7 @@
 ringtrain promises that a run resumed from a checkpoint is the run it continues. That holds for what ringtrain
 sees (weights, optimizer, RNG, ring loaders, ``ring.keep``, ``ring.batches``) and fails silently for what it
 does not: a batch the script drew before the checkpoint and trains after it, a loader object of the script's own,
-random numbers from a generator of its own (issue 36: 4.0e-4 and 7.1e-4 off, nothing said). No peer checks its
+random numbers from a generator of its own (two GPT scripts: 4.0e-4 and 7.1e-4 off, nothing said). No peer checks its
 own resume. Here every rank appends ``step micro loss`` (the exact float, in hex) to
 ``<checkpoint_dir>/losses/rank-NNNNN.txt`` as it trains; a resumed run reads what the run before it recorded past
 the checkpoint and compares its own losses as it reaches those steps. The first step after the checkpoint depends

@@ -99,7 +99,7 @@ class StateFiles:
         if full is None:
             full = not self.strategy.shards_state
         # Before any work (no gathering, nothing written or deleted): a save that changes what is at `path`
-        # from a file to a folder, or back, is refused on every rank (issue 33, item 1).
+        # from a file to a folder, or back, is refused on every rank.
         default = f"{self.strategy.name}'s default form"
         self._agree(lambda: refuse_form_change(path, full, chosen or default))
         state_ = self._with_extras(state_)

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _refuse_output(folder: str, out: str, force: bool) -> str | None:
     """Why OUT.pt cannot be written (message and HINT), or None. The source is never written into nor replaced
-    (issue 37, item 4: ``ringtrain consolidate DIR DIR/ringtrain.pt`` destroyed the checkpoint it read and exited 0),
+    (``ringtrain consolidate DIR DIR/ringtrain.pt`` once destroyed the checkpoint it read and exited 0),
     and nothing but a regular file is ever replaced."""
     source = os.path.realpath(folder)
     target = os.path.realpath(out)

@@ -24,7 +24,7 @@ only is averaged with zeros from the others, as DDP does.
 With checks on, a layout is checked once (one blocking metadata check before its first
 bucket, so a rank with a different model raises instead of reducing garbage), and again
 only when the set last ran another layout — not every step: a per-step check is one more
-engine round trip per step, 5-15 % of a small model's step on CPU (issue 11). Buckets
+engine round trip per step, 5-15 % of a small model's step on CPU. Buckets
 travel on the process set's gradient group, apart from the check rounds, so a rank that
 has called ``join()`` can keep zero buckets of the verified layout posted there while it
 waits for check rounds (join.py); each bucket carries one more slot, 1 from every rank

@@ -3,7 +3,7 @@
 ``init()`` joins the job the same way ``ringtrain.Ring`` does: the environment is
 detected by ``ringtrain.parallel.environments`` (torchrun / ``ringtrain run``, Slurm, MPI,
 ``horovodrun``'s HOROVOD_* variables ...) and the process group is formed by the
-process-group service every strategy uses (``strategies/_group.py``): NCCL beside Gloo
+process-group service every strategy uses (``parallel/group.py``): NCCL beside Gloo
 when each process has a GPU, Gloo otherwise, and the liveness watchdog that stops this
 rank within seconds when a peer fails or finishes while this rank still waits for it
 (Horovod: "Horovod has been shut down ... after one of the ranks finished execution").

@@ -1,7 +1,7 @@
 """``ringtrain run --check-resume STEP``: does this script resume exactly? Run it, and see.
 
 A user's proof that their loop — prefetches, loaders of its own, evaluation, random draws — continues after a kill
-as the run never killed would have (issue 36). The job runs twice, each time with its rings saving into a folder of
+as the run never killed would have. The job runs twice, each time with its rings saving into a folder of
 this check's (a checkpoint every step, none deleted; the script's own ``checkpoint_dir`` is left alone): first
 uninterrupted to its end, then from its checkpoint of step STEP — what a kill right after that checkpoint and a
 restart give. Then every loss ``ring.backward`` saw on every rank past STEP (selfcheck.py records them) and every

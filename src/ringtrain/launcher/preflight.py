@@ -122,7 +122,7 @@ def threads_per_worker(plan: Plan, workers: int, environ=None) -> tuple[int, str
 
 
 def gpus_exist(plan: Plan) -> None:
-    """``--gpus I,J`` names GPUs this machine has (issue 37: ``--gpus 0,1`` on a machine without one ran on the CPU
+    """``--gpus I,J`` names GPUs this machine has (``--gpus 0,1`` on a machine without one ran on the CPU
     without a word, where ``--nproc-per-node gpu`` was refused)."""
     if not plan.gpus:
         return

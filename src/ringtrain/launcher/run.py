@@ -247,7 +247,7 @@ the newest checkpoint, and:
   with each loader's position, how many samples of the epoch's order all ranks had
   trained together (P = batches x B x W_old). Resumed on another number of ranks, the
   rest of that epoch's order (from position P on) is sharded across the new ranks, so no
-  sample of the epoch is skipped or trained twice (tests/test_faults.py shows it); only
+  sample of the epoch is skipped or trained twice (tests/checkpoint/test_faults.py shows it); only
   DistributedSampler's wrap-around padding of the last batch differs. This holds for the
   loaders ``ring.loader`` shards itself; a sampler you pass is resumed per rank;
 * the global batch becomes per-device batch x new world size x accumulation: adjust the

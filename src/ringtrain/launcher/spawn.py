@@ -20,7 +20,7 @@ calls ``fn(*args)`` in every process (notebooks, tests). Both are built on torch
 * the ranks' return values come back, as a list indexed by rank;
 * a failing rank is reported as soon as it fails, naming the rank that caused it (not one
   that merely stopped because of it) with its traceback; the others are stopped. A rank
-  that finishes while another still waits for it is named too (liveness.py);
+  that finishes while another still waits for it is named too (liveness/membership.py);
 * each child leaves like a ``ringtrain run`` worker (worker.py): exit handlers run, the
   process ends with its status, and interpreter finalization is skipped;
 * children die with the parent (Linux, "spawn" and "fork"): a notebook kernel or test

@@ -18,7 +18,7 @@ whole seconds, ties going to the rank the agent saw exit first. A rank stopped b
 peer (``cause: "peer"``) usually exits *before* the culprit, whose exit path (atexit handlers,
 a data loader shutting down) takes longer, and within the same second: torchrun named the
 stopped rank and listed the culprit as SIGTERMed. So the culprit writes its file as soon as it
-fails (liveness.py's excepthook), and a stop caused by a peer is stamped one second later than
+fails (liveness/membership.py's excepthook), and a stop caused by a peer is stamped one second later than
 its clock says: it is ordered after the failure that caused it (the exact time stays in
 ``extraInfo["ringtrain"]["time"]``, which ringtrain's own report reads).
 

@@ -8,7 +8,7 @@ agent writes on the board is therefore sealed — ``TAG + job + ":" + HMAC-SHA25
 text) + ":" + text`` — and a reader that holds the secret ignores what is not sealed for its job (one
 line on stderr, naming the key, once per key and process).
 
-**Bound to the job** (issue 37). The store keys are the same in every job (``ringtrain/live/0-0/rank/1``),
+**Bound to the job.** The store keys are the same in every job (``ringtrain/live/0-0/rank/1``),
 and so can the secret be: the user's ``RINGTRAIN_JOB_SECRET`` set for several jobs, the loopback secret
 every two-node job on this machine reads. A post sealed with the secret alone could be recorded from one
 job's store and replayed into another's. So the secret seals only the ranks' hellos; every other record

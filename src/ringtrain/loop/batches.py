@@ -4,7 +4,7 @@ The loop people write prefetches (nanoGPT's train.py, llm.c): ``X, Y = get_batch
 again right after each forward, so the batch of step N+1 is drawn during step N — before the safe point at the
 top of step N+1 where its checkpoint is taken. A resumed run's random state (or its loader's position) is the one
 *after* that draw; its own draw before the loop then gives another batch, and the resumed run is not the run it
-continues (issue 36, item 1: weights 4.0e-4 off, nothing said).
+continues (a GPT script's weights 4.0e-4 off, nothing said).
 
 ``DrawnBatches`` wraps the draw: a batch it handed out that no forward of the ring's models has used yet when the
 checkpoint is taken is *held*, and rides in the checkpoint (per rank). After a resume, the first call with the same

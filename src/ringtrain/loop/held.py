@@ -92,7 +92,7 @@ class Held:
 
     def batch_terms(self, batch_size: int) -> str:
         """What a step's batch is made of: per device x devices, or — where a replica spans several processes (a
-        pipeline's stages) — per replica x replicas (issue 33, item 2: 2 stages on 2 processes printed "32 per device
+        pipeline's stages) — per replica x replicas (2 stages on 2 processes printed "32 per device
         x 1 device(s)": the number was right, the words were not)."""
         if self.stages > 1:
             return (f"{batch_size} per replica x {self.devices} replica(s) (each a pipeline of {self.stages} stages, "

@@ -132,7 +132,7 @@ def wrap_optimizer(
 
 
 def raise_backward_not_ring(k: int, fp16: bool) -> None:
-    """``optimizer.step()`` with no ``ring.backward`` since its last step, where that matters (issue 36, item 5:
+    """``optimizer.step()`` with no ``ring.backward`` since its last step, where that matters (
     ``loss.backward()`` under ``Ring(accumulate=4)`` stepped on every batch, and the global batch printed was false)."""
     why = []
     if k > 1:
@@ -151,7 +151,7 @@ def raise_backward_not_ring(k: int, fp16: bool) -> None:
 class ReplacedParameters:
     """The parameters a strategy put something else in place of (FSDP's shards, a meta-device model made real), for
     an optimizer ``ring.setup`` was not given: built on the model before the setup, it holds tensors nobody uses, and
-    training silently stays where it began (issue 36, item 6: FSDP at chance level, said only at ``ring.save``).
+    training silently stays where it began (FSDP at chance level, said only at ``ring.save``).
     torch's global step pre-hook names it at its first step."""
 
     def __init__(self) -> None:

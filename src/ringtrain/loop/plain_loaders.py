@@ -1,4 +1,4 @@
-"""A plain ``DataLoader`` under data parallelism: every rank reads the whole data set (issue 36, item 8).
+"""A plain ``DataLoader`` under data parallelism: every rank reads the whole data set.
 
 With DDP and a ``DataLoader`` made by the script (no ``DistributedSampler``), each of W ranks trains on all the
 samples: an epoch is W times the work, the ranks' batches repeat each other, and nothing fails. The ring cannot see a

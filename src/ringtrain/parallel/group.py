@@ -8,7 +8,7 @@ group; this object forms it and takes it down:
   that debug checks and the liveness board can use it; a world of one needs no port at all
   (an in-process ``HashStore``);
 * the cross-rank collective check (``Ring(debug_collectives=...)``);
-* membership of the liveness board, with its watchdog (liveness.py): a rank that fails
+* membership of the liveness board, with its watchdog (liveness/membership.py): a rank that fails
   or leaves while others wait for it ends the job in seconds, naming it;
 * a teardown that never waits on peers: no barrier, and destroying the group is bounded.
 """

@@ -297,7 +297,7 @@ def _holds_shards(optimizer: torch.optim.Optimizer) -> bool:
 
 
 class Distributed(Strategy):
-    """A strategy that runs on the job's process group (the service in _group.py)."""
+    """A strategy that runs on the job's process group (the service in parallel/group.py)."""
 
     # Does a backward pass wait for the other ranks (DDP's gradient all-reduce)? The watchdog
     # then counts a backward that does not return as a blocked collective.

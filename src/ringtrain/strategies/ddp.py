@@ -1,7 +1,7 @@
 """DistributedDataParallel: one process per device, on one node or many.
 
 The gradient all-reduce is torch's own (``DistributedDataParallel`` and its comm
-hooks); the process group is the service in _group.py. This file holds DDP's options
+hooks); the process group is the service in parallel/group.py. This file holds DDP's options
 and wraps the module.
 """
 

@@ -5,7 +5,7 @@ optimizer in ringtrain's DistributedOptimizer (``ringtrain.comm``, the machinery
 behind ``ringtrain.horovod``): hooks reduce gradient buckets while backward runs,
 ``optimizer.step()`` waits for them. Gradient accumulation maps to
 ``backward_passes_per_step``; fp16 compression halves the bytes on the wire.
-The process group is the service every distributed strategy uses (_group.py).
+The process group is the service every distributed strategy uses (parallel/group.py).
 Cross-rank checks of the gradient path are off unless ``enable_collective_checks``
 (``Ring(debug_collectives=...)``) turns them on, as for the ring's other collectives.
 """

@@ -2,7 +2,7 @@
 
 The schedule is torch's own (``torch.distributed.pipelining``: ``PipelineStage``
 with ``ScheduleGPipe``, ``Schedule1F1B`` or ``ScheduleInterleaved1F1B``); the
-process group is the service every distributed strategy uses (_group.py). This file adds what a training loop needs
+process group is the service every distributed strategy uses (parallel/group.py). This file adds what a training loop needs
 around them: cutting the model by module name (stages.py), keeping only this
 rank's stage in memory, a step that returns the loss on every rank, data
 parallelism over replicas, global-norm clipping, and full (unsplit) checkpoints.

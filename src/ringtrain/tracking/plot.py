@@ -135,7 +135,7 @@ def ranks_png(rows: list[dict[str, str]], path: str, title: str) -> str:
     mean_step = {r: sum((v.get("ms_per_step") or 0.0) * (v.get("steps") or 0.0) for v in vs) / weight[r]
                  for r, vs in by_rank.items()}
     # The titles: the whole run's figures, computed as the table `ringtrain run` prints them (the same counters,
-    # the same function), not an average of the intervals' own split (issue 33, item 2).
+    # the same function), not an average of the intervals' own split.
     totals = run_totals([v for vs in by_rank.values() for v in vs])
     whole = per_rank_stats(totals)
     against_run_fastest(by_rank, totals)

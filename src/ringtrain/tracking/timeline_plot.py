@@ -245,7 +245,7 @@ def figure(parts: dict[int, dict]):
                            color=COLORS[key], edgecolor="none")
                 drawn[key] = COLORS[key]
         # where the main thread waits for buckets after backward computed its last gradient: drawn over the phase
-        # it happens in, as in the bars above (issue 33, item 8: the bars overlapped backward, the header said 0 %)
+        # it happens in, as in the bars above (the bars once overlapped backward, the header said 0 %)
         for row in step_table(parts[rank]["events"], parts[rank].get("step_times")):
             for start, end in row["waiting"]:
                 if end >= t0 and start <= t1:
