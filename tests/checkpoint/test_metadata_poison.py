@@ -215,8 +215,9 @@ def warm(tmp_path, real_metadata):
 def test_a_too_deep_payload_is_refused_fast_and_cheaply(tmp_path, warm, name):
     folder = _folder_with(tmp_path, DEEP[name])
     took, peak = _read_time_and_peak(folder)
-    assert took < 0.25, f"{name}: {took:.2f} s to refuse"
+    # Memory is the measure (main: 94-117 MiB to read these); time only bounds a hang, well clear of a loaded machine.
     assert peak < 24 * 2**20, f"{name}: {peak / 2**20:.0f} MiB to refuse"
+    assert took < 5.0, f"{name}: {took:.2f} s to refuse"
 
 
 def test_a_too_large_metadata_is_refused_unread(tmp_path, warm):
@@ -224,7 +225,7 @@ def test_a_too_large_metadata_is_refused_unread(tmp_path, warm):
     with open(os.path.join(folder, ".metadata"), "wb") as f:
         f.truncate(metadata.MAX_BYTES + 1)  # sparse: no disk
     took, peak = _read_time_and_peak(folder)
-    assert took < 0.25 and peak < 2**20, (took, peak)
+    assert peak < 2**20 and took < 5.0, (took, peak)
 
 
 def test_keys_that_share_a_hash_are_refused_fast(tmp_path, warm):
@@ -233,7 +234,7 @@ def test_keys_that_share_a_hash_are_refused_fast(tmp_path, warm):
     items = b"".join(b"\x8a\x0b" + (k * step).to_bytes(11, "little", signed=True) for k in range(1, 40_001))
     folder = _folder_with(tmp_path, b"\x80\x04\x8f(" + items + b"\x90.")
     took, _ = _read_time_and_peak(folder)
-    assert took < 0.25, f"{took:.2f} s to refuse"
+    assert took < 5.0, f"{took:.2f} s to refuse"  # building the set of 40k colliding keys took 10.8 s
 
 
 # --- the wrong shape is the folder's problem ---------------------------------------------------------

@@ -85,11 +85,16 @@ def test_a_lost_connection_names_the_neighbour_that_vanished_and_waits_only_that
     entry = liveness.post_failure(b0, "RuntimeError: Read error", lost)
     assert entry.cause == "peer" and entry.blame is None
     assert time.monotonic() - start < liveness.LOST_PEER_WAIT_S + 1.0
-    # An error of its own waits for nothing.
+    # An error of its own waits for nothing: the lost-peer search (the only wait) is never entered.
     b0, _ = boards()
-    start = time.monotonic()
-    assert liveness.post_failure(b0, "ValueError: bug", ValueError("a bug of its own")).cause == "own"
-    assert time.monotonic() - start < 0.5
+    searched = []
+    original = liveness._find_lost_peer
+    liveness._find_lost_peer = lambda *a, **k: searched.append(a) or original(*a, **k)
+    try:
+        assert liveness.post_failure(b0, "ValueError: bug", ValueError("a bug of its own")).cause == "own"
+    finally:
+        liveness._find_lost_peer = original
+    assert searched == []
 
 
 def test_a_store_whose_host_is_gone_is_asked_no_more_and_named(monkeypatch):
@@ -108,10 +113,14 @@ def test_a_store_whose_host_is_gone_is_asked_no_more_and_named(monkeypatch):
     del master  # the store's host goes (its node was killed)
     gc.collect()
     assert board.read() == {} and board.lost and watcher.lost  # one failed call, seen by every connection
-    start = time.monotonic()
+    asked = []
+    store = watcher.store._store  # the prefix store under the guard: a call that reached it would be seen here
+    watcher.store._store = type("Counting", (), {"__getattr__": lambda self, n: (
+        lambda *a, **k: asked.append(n) or getattr(store, n)(*a, **k))})()
     with pytest.raises(StoreLost):
         watcher.count()  # not asked: no C++ warning, no wait
-    assert time.monotonic() - start < 0.1
+    watcher.store._store = store
+    assert asked == []
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
     lost = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1234")
@@ -297,7 +306,7 @@ def test_a_forged_stack_counter_costs_nothing_and_real_requests_are_still_answer
     b1.store.add("stacks", 10**9)
     started = time.monotonic()
     dog.check()
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0  # 10**9 requests would take hours: 5 s is no flake on a loaded machine
     number = b1.request_stacks()
     dog.check()
     assert "Thread 'MainThread'" in b1.answers(number, [0], 2.0).get(0, "")
@@ -341,7 +350,7 @@ def test_a_tampered_world_or_generation_is_no_board_to_read(world, generation):
     store.set(f"{PREFIX}/{generation}/world", world)
     started = time.monotonic()
     assert job_board(store) is None
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0  # it hung 185 s reading 10**9 ranks' keys: 5 s is no flake under load
     store.set(f"{PREFIX}/current", "0-0")
     store.set(f"{PREFIX}/0-0/world", "2")
     assert job_board(store).world_size == 2  # a real one still reads
