@@ -124,3 +124,33 @@ def test_a_restart_shows_the_failing_ranks_traceback_only(tmp_path):
     # rank 0, waiting in its all-reduce, says at most one line naming the cause (when torchrun's agent has not
     # stopped it first), never Gloo's traceback
     assert "Connection closed by peer" not in proc.stderr and "[rank0]:" not in proc.stderr, outputs(proc)
+
+
+WAITS_IN_A_COLLECTIVE = """
+import os, time
+import ringtrain as rt
+
+ring = rt.Ring(strategy="ddp", seed=0)
+open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"ready.{ring.rank}"), "w").close()
+if ring.rank == 0:
+    ring.barrier()  # rank 1 never comes: rank 0 waits inside ringtrain's own code
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_ctrl_c_inside_ringtrains_own_code_names_the_users_line(tmp_path):
+    script = write(tmp_path / "train.py", WAITS_IN_A_COLLECTIVE)
+    proc = subprocess.Popen(ringtrain_cmd("run", "--nproc-per-node", "2", str(script)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env())
+    deadline = time.monotonic() + 100
+    while not all((tmp_path / f"ready.{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # rank 0 is in the barrier by now (it wrote its mark just before)
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    said = f"--- exit {proc.returncode}\n{out}\n{err}"
+    assert "ringtrain: rank 0 interrupted (SIGINT) in train.py:8" in err, said  # the barrier line

@@ -237,13 +237,14 @@ def run_to_end(call) -> tuple[int, str, BaseException | None]:
 
 
 def _where(tb) -> str:
-    """`` in train.py:42``: the innermost frame of the user's own code (not the launcher's, runpy's or a package's)."""
-    packages = ("site-packages", "dist-packages", os.sep + "lib" + os.sep + "python")
+    """`` in train.py:42``: the innermost frame of the user's own code (not the launcher's, runpy's, a package's or
+    ringtrain's own: "interrupted (SIGINT) in base.py:186" named a file of ringtrain's installed from a checkout)."""
+    from ringtrain.liveness.activity import is_user_file  # at the exit only: nothing of ringtrain up front (run by path)
+
     found = ""
     for frame, line in traceback.walk_tb(_user_frames(tb)):
-        name = frame.f_code.co_filename
-        if not any(part in name for part in packages) and not name.startswith("<"):
-            found = f" in {os.path.basename(name)}:{line}"
+        if is_user_file(frame.f_code.co_filename):
+            found = f" in {os.path.basename(frame.f_code.co_filename)}:{line}"
     return found
 
 
