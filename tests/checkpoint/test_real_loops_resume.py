@@ -96,3 +96,12 @@ def test_ten_random_kill_points_each_resume_bitwise(loop, strategy, tmp_path, re
         got, differ = _killed(tmp_path / f"kill{kill_at}", loop, strategy, kill_at, reference)
         found += differ + [f"kill at {kill_at}: false alarm"] * ("not the run it continues" in got["text"])
     assert found == [], "\n".join(found)
+
+
+@pytest.mark.timeout(300)
+def test_a_finished_job_run_again_says_nothing_is_left_to_train(tmp_path):
+    first = _run(tmp_path, "shards", "ddp")
+    assert "nothing is left to train" not in first["text"]
+    again = _run(tmp_path, "shards", "ddp")
+    assert "step-000000012.pt is at the end of this run (step 12 of ring.steps(12)): nothing is left to train" \
+        in again["text"], outputs(again["proc"])

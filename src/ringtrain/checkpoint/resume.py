@@ -57,6 +57,7 @@ class Resumer(StateFiles):
         self._lock: lock.FolderLock | None = None
         self._said_grace = False
         self._said_late = False
+        self._said_finished = False
         self._claim()
 
     @staticmethod
@@ -201,6 +202,15 @@ class Resumer(StateFiles):
             # A loop without safe points of its own resumes inexactly, and was told so: no check to report.
             self.losses.start(resumed, self._comparable and self._safe_points > 0)
         self.losses.saw(self.step.optimizer_steps, self.step.micro, loss)
+
+    def nothing_left(self, where: str) -> None:
+        """A resumed run whose checkpoint is already at the end of its loop (a finished job run again)."""
+        if not self._resumed_from or self._said_finished:
+            return
+        self._said_finished = True
+        self.say(f"ringtrain: {self._resumed_from} is at the end of this run ({where}): nothing is left to train."
+                 "\nHINT: to train further, raise the number of epochs or steps; to start afresh, Ring(resume='never') "
+                 "or another checkpoint_dir.")
 
     def take_resume_epoch(self) -> int | None:
         epoch, self.resume_epoch = self.resume_epoch, None

@@ -23,10 +23,15 @@ class SafePoints(Protocol):
     def take_resume_epoch(self) -> int | None:
         """The epoch a loaded checkpoint continues at (once)."""
 
+    def nothing_left(self, where: str) -> None:
+        """A resumed run whose checkpoint is at the loop's end: say so (once), rather than end without a word."""
+
 
 def epochs(held: Held, activity: Any, saves: SafePoints, n: int, start: int = 0) -> Iterator[int]:
     resumed = saves.take_resume_epoch()
     first = start if resumed is None else max(start, resumed)
+    if resumed is not None and first >= n:
+        saves.nothing_left(f"epoch {first} of ring.epochs({n})")
     try:
         for epoch in range(first, n):
             saves.safe_point()
@@ -45,10 +50,14 @@ def steps(held: Held, saves: SafePoints, n: int) -> Iterator[int]:
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise RingtrainError(f"ring.steps got n={n!r}", "give the number of optimizer steps to train (an int >= 0).")
     step = held.step
+    first = True
     while True:
         saves.safe_point()
         if step.optimizer_steps >= n:
+            if first:
+                saves.nothing_left(f"step {step.optimizer_steps} of ring.steps({n})")
             break
+        first = False
         before = (step.backwards, step.optimizer_steps, step.micro)
         yield step.optimizer_steps
         if not held.optimizers and step.optimizer_steps == before[1]:
