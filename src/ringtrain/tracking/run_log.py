@@ -105,7 +105,8 @@ class RunLog:
         self._writers = [adapter.make(name, self.folder, rewind) for name in self.backends]
         self._opened = True
         resumed = f"; continuing after step {rewind}" if rewind else ""
-        gone = f" ({dropped} row(s) past it, from the run that was cut off, dropped)" if dropped else ""
+        gone = (f" ({dropped} row(s) the run before logged past that step dropped: those steps are trained again)"
+                if dropped else "")
         print(f"ringtrain: logging to {self.folder} (metrics.csv{''.join(', ' + b for b in self.backends)}){resumed}{gone}",
             file=sys.stderr, flush=True)
 
