@@ -13,7 +13,9 @@ rank 1 (or rank 0, for ``extra``) misbehaves:
   rank 0 spends most of each step waiting in backward — moving, step after step;
 * ``native`` — rank 1 holds the GIL in native code (libc's sleep through ctypes.PyDLL): its watchdog
   cannot answer, and its published position goes stale;
-* ``plain``  — a plain torch.distributed script (no ringtrain API): rank 1 sleeps before an all_reduce.
+* ``plain``  — a plain torch.distributed script (no ringtrain API): rank 1 sleeps before an all_reduce;
+* ``hook``   — rank 1's backward never ends in its own code: a backward hook of the script's that sleeps (it
+  computes, it waits for no peer), while rank 0 waits for it in the gradient all-reduce.
 
 Each line the job prints to stdout starts with ``JOB``; a rank that was never stopped prints
 ``JOB done``. Faults come from the outside only (this file), the library has no test hooks.
@@ -85,6 +87,12 @@ def ring_job(mode: str, timeout: float | None, steps: int) -> None:
                 import ctypes
 
                 ctypes.PyDLL(None).sleep(10_000)  # the native call that holds the GIL
+            if mode == "hook" and ring.rank == 1:
+                def stuck_in_backward(grad):
+                    time.sleep(10_000)  # the backward hook that never ends
+                    return grad
+
+                next(model.parameters()).register_hook(stuck_in_backward)
             if mode == "extra" and ring.rank == 0:
                 ring.all_reduce(torch.ones(3))  # rank 1 never calls this one
         if mode == "slowstep" and ring.rank == 1 and step >= STALL_STEP:
@@ -160,7 +168,7 @@ def slow_loader_job(steps: int) -> None:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["data", "spin", "sigstop", "extra", "slow", "slowstep", "native", "plain",
-                                         "clean"])
+                                         "clean", "hook"])
     parser.add_argument("--timeout", type=float, default=None)
     parser.add_argument("--steps", type=int, default=STEPS)
     args = parser.parse_args(argv)

@@ -168,3 +168,50 @@ def test_the_agent_posts_only_the_exits_nobody_posted(tmp_path):
     assert [p.rank for p in posts] == [0]  # rank 3's own post is kept
     assert board.read()[0].as_blame().describe().startswith("rank 0 was killed by SIGKILL (the OOM killer?) on host ")
     exits.hold_store(board, local_ranks={0, 1, 2, 3}, wait_s=30)  # every rank is this node's: nothing to wait for
+
+
+def test_a_sigterm_the_agent_did_not_send_is_the_cause(tmp_path):
+    """Issue 37, item 5: rank 1 got a SIGTERM from outside (kill PID); the agent then stopped rank 0 with its own.
+    Both died of SIGTERM without a word, and which the agent reaped first is a race: the agent's notes say which
+    SIGTERM was its own, so rank 1 is the cause, posted for the other nodes, in every run."""
+    import types
+
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from ringtrain.launcher import exits, report
+
+    failures = {r: ProcessFailure(local_rank=r, pid=200 + r, exitcode=-15, error_file=str(tmp_path / f"none-{r}"))
+                for r in (0, 1)}
+    stops = exits.Stops(grace=30)
+    stops.sent[200] = ["SIGTERM"]  # the agent's own, to rank 0
+    assert report.first_cause(failures, stops)[0] == 1
+    assert report.first_cause(failures)[0] == 0  # without the notes: the lowest rank (the race, before)
+    silent = exits.unspoken(failures, cause=1, stops=stops)
+    assert [e.rank for e in silent] == [1]
+    assert silent[0].as_blame().describe().startswith(
+        "rank 1 was stopped by SIGTERM (sent to it, not to the launcher) on host ")
+    said = report.format_child_failure(types.SimpleNamespace(failures=failures), 0, None, stops)
+    assert said.startswith("ringtrain run: rank 1 was stopped by SIGTERM (sent to it, not to the launcher: local "
+                           "rank 1 on node 0"), said
+    assert "rank 0 (stopped by this launcher after rank 1 ended: SIGTERM)" in said and "failed first" not in said
+
+
+def test_the_agent_notes_the_signals_it_sends_its_workers():
+    import sys
+
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+
+    from ringtrain.launcher import exits
+
+    stops, original = exits.Stops(), SubprocessHandler.close
+    restore = stops.watch()
+    try:
+        handler = SubprocessHandler(sys.executable, ("-c", "import time; time.sleep(30)"), {}, None, None,
+                                    local_rank_id=0, numa_options=None)
+        handler.close()
+        assert handler.proc.wait(timeout=30) == -15
+    finally:
+        restore()
+    assert stops.sent == {handler.proc.pid: ["SIGTERM"]} and stops.by_agent(handler.proc.pid)
+    assert not stops.killed_after_grace(handler.proc.pid)
+    assert SubprocessHandler.close is original and not stops.by_agent(handler.proc.pid + 1)  # put back

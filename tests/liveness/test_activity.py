@@ -78,3 +78,42 @@ def test_activities_are_their_owners_own():
     assert (b.phase, b.step) == ("", 0)
     with a.calling("barrier"):
         assert a.current == "barrier #1" and b.current is None
+
+
+def test_a_backward_that_runs_the_users_own_code_is_computing_not_waiting():
+    """Issue 37, item 6: inside a backward (DDP's: where the gradient all-reduce waits), a frame of the user's code
+    — a backward hook, a custom Function's backward — is this rank's own computation, not a wait for its peers; a
+    backward with nothing of the user's inside it (DDP's C++ waiting at its end) still is."""
+    import torch
+
+    def stuck_in_backward(grad):
+        time.sleep(0.4)  # the user's hook computes (or sleeps): it waits for no peer
+        return grad
+
+    def backward_with(hook) -> None:
+        x = torch.ones(3, requires_grad=True)
+        if hook is not None:
+            x.register_hook(hook)
+        (x * 2).sum().backward()
+
+    assert _seen_from_a_thread(lambda: backward_with(stuck_in_backward), backward_syncs=True) is None
+
+    engine = types.ModuleType("torch.distributed.fake_collective")
+    exec(compile("import time\ndef all_reduce():\n    time.sleep(0.4)\n", "<engine>", "exec"), engine.__dict__)
+
+    def waits_in_its_hook(grad):
+        engine.all_reduce()  # the user's hook waits for its peers: a collective after all
+        return grad
+
+    assert _seen_from_a_thread(lambda: backward_with(waits_in_its_hook), backward_syncs=True) == \
+        "backward (gradient all-reduce)"
+    autograd = types.ModuleType("torch.autograd.fake")
+    exec(compile("import time\ndef backward():\n    time.sleep(0.4)\n", "<autograd>", "exec"), autograd.__dict__)
+    assert _seen_from_a_thread(autograd.backward, backward_syncs=True) == "backward (gradient all-reduce)"
+
+
+def test_only_a_rings_layers_count_steps():
+    activity = Activity()
+    assert not activity.counts_steps  # Horovod's API, a plain script: their loops are their own
+    activity.enter("data")
+    assert activity.counts_steps

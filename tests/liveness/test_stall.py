@@ -116,6 +116,40 @@ def test_a_frozen_rank_is_named_as_not_responding_with_its_process_state():
         job.wait_for(r"^  not responding: rank 1", WARNING_S + 15)
         line = next(line for line in job.text.splitlines() if line.startswith("  not responding: rank 1"))
         assert "stopped (SIGSTOP?)" in line and "pid " in line
+        # Issue 37, item 7: the reporting rank (rank 0, waiting) is never listed as not responding: waiting for the
+        # frozen rank's answer took longer than its own last word's freshness, in every SIGSTOP run (6 of 6).
+        report = job.text[job.text.index("ringtrain: stall:"):]
+        assert "not responding: rank 0" not in report, report
+        assert "  waiting:       rank 0 in backward (gradient all-reduce)" in report, report
+
+
+HOOK_LINE = next(i for i, text in enumerate(open(JOBS), 1) if "# the backward hook that never ends" in text)
+
+
+def test_a_rank_stuck_in_its_own_backward_is_computing_not_waiting():
+    """Issue 37, item 6: rank 1 sleeps in a backward hook of its own (it computes, it waits for nobody); rank 0
+    waits for it in the gradient all-reduce. The report names rank 1 as not arrived, in its own backward computation,
+    with the hook on its stack — not as a rank waiting in the gradient all-reduce."""
+    with Job("hook") as job:
+        job.wait_for(r"^  not arrived:   rank 1", WARNING_S + 15)
+        report = job.text[job.text.index("ringtrain: stall:"):]
+        assert "rank 0 waits in backward (gradient all-reduce) of step 4" in report, report
+        line = next(line for line in report.splitlines() if line.startswith("  not arrived:   rank 1"))
+        assert "in its own backward computation (step 4)" in line, report
+        assert f"_stall_jobs.py:{HOOK_LINE} in stuck_in_backward" in line, report  # the hook's line
+        assert "in stuck_in_backward" in report and "time.sleep(10_000)" in report, report  # its stack: the hook
+        waiting = next((line for line in report.splitlines() if line.startswith("  waiting:")), "")
+        assert "rank 1" not in waiting, report
+
+
+def test_a_timeout_blames_the_rank_stuck_in_its_own_backward_not_the_one_that_waited():
+    with Job("hook", "--timeout", "8", warning=None) as job:
+        job.wait_for(r"^ringtrain run: rank 1 was stuck", 60)
+        job.proc.wait(30)
+        report = job.text[job.text.index("ringtrain run:"):]
+        assert "failed first" not in report, report  # rank 0's timeout is the consequence
+        assert "in its own backward computation" in report.splitlines()[0], report
+        assert "Where rank 1 was:" in report and "stuck_in_backward" in report, report
 
 
 def test_a_timeout_blames_the_stuck_rank_not_the_one_that_waited():
@@ -209,6 +243,28 @@ def test_mismatched_collectives_are_named_without_debug_mode():
     report = stall.stall_report(0, 2, views, {}, {}, 120, now=1000.0)
     assert ("the ranks are in different collectives: rank 0 is in all_reduce #8 at train.py:40 in main; "
             "rank 1 is in backward (gradient all-reduce) at train.py:52 in main") in report
+
+
+def test_the_reporter_never_lists_itself_as_not_responding():
+    # Its own last word on the board may be older than FRESH_S: it spent that time waiting for the others' answers.
+    views = {0: _view(0, waiting="backward (gradient all-reduce)", waiting_since=900.0, phase="backward", beat=990.0),
+             1: _view(1, phase="data", phase_since=900.0, beat=950.0)}
+    report = stall.stall_report(0, 2, views, {}, {1: "stopped (SIGSTOP?)"}, 120, now=1000.0)
+    assert "not responding: rank 0" not in report, report
+    assert "  waiting:       rank 0 in backward (gradient all-reduce)" in report, report
+    assert "  not responding: rank 1 (pid 101 on node: stopped (SIGSTOP?))" in report, report
+
+
+def test_where_a_rank_is_says_only_what_is_known():
+    # Issue 37, items 6 and 9: a rank computing inside its backward (its watchdog saw autograd on its stack and no
+    # wait) is not "waiting"; a plain script's step is its own loop's, not a number ringtrain counted.
+    assert _view(1, phase="backward", computing_backward=True).doing() == "in its own backward computation"
+    assert _view(1, phase="backward").doing() == "in its backward step"  # between ring.backward and the step
+    plain = _view(0, step=0, waiting="backward (gradient all-reduce)", waiting_since=990.0,
+                  step_unknown="the script does not use the Ring")
+    assert plain.step_said() == "step unknown: the script does not use the Ring"
+    assert stall.place_of(plain, 1000.0) == "in backward (gradient all-reduce), for 10 s"
+    assert _view(0, step=14).step_said() == "step 15"
 
 
 def test_a_bottleneck_needs_its_peers_to_wait_a_fifth_of_their_step():

@@ -119,13 +119,14 @@ def execute(plan: Plan) -> int:
             os.environ[AGENT_NONCE_ENV] = previous_nonce
 
 
-def _say_when_signalled(marks: str):
+def _say_when_signalled(marks: str, stops=None):
     """Before torchrun's agent passes a signal it got on to the workers, write ``preempt.SIGNALLED`` into
     ``marks``: its workers then know a SIGTERM is a preemption to answer with a checkpoint, not one of the
     agent's own stops (a failure, a restart, a node joining), which end them at once. torchrun's handler is
     ``torch.distributed.elastic.multiprocessing.api._terminate_process_handler``, registered by name at every
     start of the workers; it is wrapped here (and put back by the function returned). A torch without it:
-    nothing is wrapped, and workers under ringtrain run take a SIGTERM for a stop."""
+    nothing is wrapped, and workers under ringtrain run take a SIGTERM for a stop. ``stops`` (exits.Stops) notes
+    when, and what state the workers were in then (for the report of a preemption that saved nothing)."""
     from torch.distributed.elastic.multiprocessing import api  # torch once a job starts (fast --help)
 
     original = getattr(api, "_terminate_process_handler", None)
@@ -133,6 +134,8 @@ def _say_when_signalled(marks: str):
         return lambda: None
 
     def signalled(signum, frame):
+        if stops is not None:
+            stops.signalled()
         with open(os.path.join(marks, preempt.SIGNALLED), "w") as f:
             f.write(str(signum))
         original(signum, frame)  # raises torchrun's SignalException: it passes the signal on and waits
@@ -229,7 +232,10 @@ def _execute(plan: Plan) -> int:
     # are gone, here, whatever became of the job's store.
     marks = tempfile.mkdtemp(prefix="ringtrain-preempted-")
     os.environ[preempt.MARKS_ENV] = marks
-    restore_handler = _say_when_signalled(marks)
+    # The signals the agent sends its workers itself, for the report: a SIGTERM it did not send came from outside.
+    stops = exits.Stops(grace=args.shutdown_timeout)
+    restore_stops = stops.watch()
+    restore_handler = _say_when_signalled(marks, stops)
     # A daemon a rank starts (double fork) becomes this process's child, and is stopped when the job ends.
     adopted, before = leftovers.adopt_orphans(), set(procs.children(os.getpid()))
     try:
@@ -244,14 +250,14 @@ def _execute(plan: Plan) -> int:
         # A worker killed by a signal had no say: what it started may live on (failures.py).
         stop_leftover_groups(failure.pid for failure in e.failures.values())
         # ...nor could it tell the ranks on other machines: this agent does (exits.py).
-        silent = exits.unspoken(e.failures, first_cause(e.failures)[0])
+        silent = exits.unspoken(e.failures, first_cause(e.failures, stops)[0], stops)
         board = None
         if not plan.elastic:  # the last attempt's board: after a restart, in that restart's own store
             attempt_store, attempt_port = rendezvous.workers_store(store, port)
             if silent or attempt_store is not None:
                 board = job_board(attempt_store, (plan.master_addr.strip("[]"), attempt_port))
                 exits.tell_job(board, silent)
-        print(format_child_failure(e, plan.node_rank, board if board is not None else job_board(store)),
+        print(format_child_failure(e, plan.node_rank, board if board is not None else job_board(store), stops),
               file=sys.stderr, flush=True)
         if store is not None and plan.max_nodes > 1:
             exits.hold_store(board, set(e.failures))
@@ -262,6 +268,12 @@ def _execute(plan: Plan) -> int:
         if said:
             print(said, file=sys.stderr, flush=True)
             return PREEMPTED_EXIT
+        if e.sigval.name in ("SIGTERM", os.environ.get(preempt.SIGNAL_ENV)):  # a preemption: did anything save?
+            attempt = store if plan.elastic else rendezvous.workers_store(store, port)[0]
+            unsaved = report.preemption_not_saved(preempt.marked(marks), job_board(attempt), stops, e.sigval.name)
+            if unsaved:
+                print(unsaved, file=sys.stderr, flush=True)
+                return 128 + int(e.sigval)
         print(f"ringtrain run: stopped by {e.sigval.name}; all workers on this node were stopped.", file=sys.stderr)
         return 128 + int(e.sigval)
     except (DistError, RendezvousError) as e:
@@ -276,6 +288,7 @@ def _execute(plan: Plan) -> int:
         if adopted:
             leftovers.stop_leftovers(before, lambda line: print(f"ringtrain run: {line}", file=sys.stderr, flush=True))
         restore_handler()
+        restore_stops()
         shutil.rmtree(marks, ignore_errors=True)
         os.environ.pop(preempt.MARKS_ENV, None)
         remove_native_dumps()

@@ -12,16 +12,20 @@ traceback and only lists the rest.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import socket
+import time
 from typing import Any
 
 from ..liveness import failures as _failures
+from ..liveness import procs as _procs
+from ..liveness import stall as _stall
 from ..liveness.activity import is_user_file
 from ..liveness.procs import exists as process_exists
-from ..liveness.records import PREEMPTED_EXIT, Blame, Post
+from ..liveness.records import PREEMPTED, PREEMPTED_EXIT, SENT_TO_IT, Blame, Post
 from ..liveness.stall import mismatch, per_rank_summary
 from .worker import native_dump_path
 
@@ -40,7 +44,7 @@ HINTS = {
     "re-run with --nproc-per-node 1 to debug it as a plain script.",
     "exception": "fix the exception above; every other rank was stopped because of it.",
     "stuck": "the stack above is where that rank was while the others waited for it in a collective: a "
-    "data loader or a loop that does not end, a rank that takes another branch, or a process stopped "
+    "data loader, a loop or a backward hook that does not end, a rank that takes another branch, or a process stopped "
     "(SIGSTOP, a debugger). Ring(stall_warning=...) reports such stalls while the job runs.",
     "abort": "native code aborted the process (SIGABRT); its message is above the faulthandler dump. With Gloo, "
     "\"Received data size doesn't match expected size\" means the ranks called different collectives (or one "
@@ -50,6 +54,10 @@ HINTS = {
     "unreachable": "look at node 0 (the machine at --master-addr): its ringtrain run's output, `dmesg` there for the "
     "OOM killer, whether the machine is up and this node still reaches it; then start the job again on every node "
     "(a checkpoint_dir resumes it).",
+    "sent": "a SIGTERM to one worker is not a preemption under ringtrain run: torchrun's agent stops workers with "
+    "SIGTERM for its own reasons too (a failed peer, a restart), so a worker takes one it gets alone for a stop, and the "
+    "job ends without a checkpoint. To preempt the job (a checkpoint, exit 75), signal ringtrain run itself (kill -TERM "
+    "<its pid>, as Slurm and Kubernetes do); for a rank's stacks without stopping it, `ringtrain stacks`.",
     "peer": "every rank must make the same collective calls until the end: a rank that returns, "
     "breaks out of its loop or calls ring.close() early leaves the others waiting (look for a branch "
     "on the rank or on per-rank data, e.g. a dataset that is empty on one rank).",
@@ -88,7 +96,7 @@ def describe_exit(exitcode: int) -> str:
     return f"exit code {exitcode}"
 
 
-def first_cause(failures: dict[int, Any]) -> tuple[int, Any, Blame | None]:
+def first_cause(failures: dict[int, Any], stops: Any = None) -> tuple[int, Any, Blame | None]:
     """The rank whose failure caused the others', its ProcessFailure, and who it blames (if a peer).
 
     Each worker's error file says when it stopped (to the sub-second) and whether it failed by
@@ -97,13 +105,16 @@ def first_cause(failures: dict[int, Any]) -> tuple[int, Any, Blame | None]:
     segfault) — unless the signal was the agent's own SIGTERM, sent to the rest after a
     failure. Ranks stopped because of a peer come after, and their record names the peer —
     possibly one that finished early with exit code 0, which the agent does not count as failed.
+    ``stops`` (exits.Stops): which workers the agent signalled itself; without it every SIGTERM is
+    taken for the agent's. With it, a SIGTERM the agent did not send is a signal from outside: a cause.
     """
     own, silent, peer, rest = [], [], [], []
     for rank, failure in failures.items():
         info = _failures.info_of(failure.message)
         post = Post.from_dict(info) if info is not None else None
         if post is None:
-            stopped = failure.exitcode in (-signal.SIGTERM, 0) or failure.exitcode > 0
+            by_agent = stops.by_agent(failure.pid) if stops is not None else failure.exitcode == -signal.SIGTERM
+            stopped = by_agent or failure.exitcode == 0 or failure.exitcode > 0
             (rest if stopped else silent).append((float("inf"), rank, failure, None))
         elif post.cause == "own":
             own.append((post.time, rank, failure, None))
@@ -175,6 +186,79 @@ def preempted(marks: dict[int, int], failures: dict[int, Any] | None = None, sig
             "HINT: run the same command again: it resumes from that checkpoint.")
 
 
+_FROZEN = ("stopped (SIGSTOP?)", "stopped by a debugger", "a zombie", "gone")  # no signal is answered from there
+
+
+def preemption_not_saved(marks: dict[int, int], board: Any, stops: Any, signame: str) -> str | None:
+    """The report of a preemption that saved nothing, or not on every rank of this node (issue 37, item 9): which
+    rank did not save, and why — stopped (SIGSTOP) or frozen when the signal came, gone already, or waiting for such
+    a rank — and that a rerun resumes from the job's previous checkpoint. None when no rank of this node answers
+    ``signame`` with a checkpoint (no ring with a checkpoint_dir: nothing was to be saved), or when every one saved.
+    ``marks``: the ranks that saved (``preempt.marked``); ``board``: the job's, when known; ``stops``: exits.Stops."""
+    views = board.whereabouts() if board is not None else {}
+    hellos = board.hellos_so_far() if board is not None else {}
+    posts = board.read() if board is not None else {}
+    here = _procs.host_identity()
+    ranks = sorted(r for r, h in hellos.items() if h.get("host") == here) or sorted(views) or sorted(marks)
+    if not marks and not any(views[r].preemptible for r in ranks if r in views):
+        return None
+    saved = {r for r in ranks if r in marks or (r in posts and posts[r].reason.startswith(PREEMPTED))}
+    unsaved = [r for r in ranks if r not in saved]
+    if not unsaved:
+        return None
+    at = stops.signalled_at if stops is not None and stops.signalled_at else time.time()
+    pid = {r: hellos[r].get("pid") for r in ranks if r in hellos}
+    state = {r: stops.states.get(pid[r]) for r in ranks if stops is not None and r in pid}
+
+    def cannot_answer(r: int) -> str | None:
+        """Why rank ``r`` could not answer the signal at all, if it could not."""
+        view, post = views.get(r), posts.get(r)
+        if state.get(r) in _FROZEN:
+            return f"it was {state[r]} when the signal came (pid {pid[r]}), and a stopped process answers no signal"
+        if post is not None and not post.reason.startswith(PREEMPTED):
+            return f"it had left before the signal came ({post.state}: {post.reason})"
+        if view is not None and at - view.beat > _stall.FRESH_S and not view.waiting:
+            return (f"it did not answer: its last word came {at - view.beat:.0f} s before the signal "
+                    f"({_stall.place_of(view, view.beat)}) — frozen, or holding the GIL in native code")
+        return None
+
+    causes = {r: why for r in unsaved if (why := cannot_answer(r)) is not None}
+    blamed = ", ".join(f"rank {r}" for r in causes) or "the others"
+
+    def why(r: int) -> str:
+        if r in causes:
+            said = causes[r]
+        else:
+            view = views.get(r)
+            if view is not None and view.waiting:
+                said = f"it waited for {blamed} in {_stall.place_of(view, at).removeprefix('in ')}"
+            elif view is not None:
+                said = f"it did not reach the next step in time: it was {_stall.place_of(view, at)}"
+            else:
+                said = "it said nothing of where it was"
+        if stops is not None and r in pid and stops.killed_after_grace(pid[r]):
+            grace = f"{stops.grace:g} s " if stops.grace is not None else ""
+            said += f"; it was killed (SIGKILL) after the {grace}--shutdown-timeout"
+        return said
+
+    order = [*causes, *(r for r in unsaved if r not in causes)]
+    lines = [f"ringtrain run: preempted by {signame}, but the job's checkpoint was not written: rank {order[0]} did "
+             f"not save: {why(order[0])}."]
+    lines += [f"  rank {r} did not save: {why(r)}." for r in order[1:]]
+    if saved:
+        lines.append("  saved: " + ", ".join(f"rank {r}" + (f" (step {marks[r]})" if r in marks else "")
+                                             for r in sorted(saved)) + " — a checkpoint needs every rank's part")
+    stopped = [r for r in causes if state.get(r, "").startswith("stopped")]
+    hint = ("a rerun resumes from the job's previous checkpoint (the newest complete one in its checkpoint_dir, from "
+            "before this signal): the steps since are done again.")
+    if stopped:
+        hint += (f" {'Rank' if len(stopped) == 1 else 'Ranks'} {', '.join(map(str, stopped))} "
+                 f"{'was' if len(stopped) == 1 else 'were'} stopped (a debugger, kill -STOP, Ctrl-Z in a terminal): "
+                 "a preemption can save only while every rank runs.")
+    lines.append(f"HINT: {hint}")
+    return "\n".join(lines)
+
+
 def run_summary(board: Any) -> str | None:
     """The per-rank step times of a finished job (ring loops publish them), or None."""
     if board is None:
@@ -202,9 +286,9 @@ def whereabouts_lines(board: Any) -> list[str]:
         post = posts.get(r)
         end = post.time if post is not None and post.time != float("inf") else newest
         lines.append(f"  rank {r}: {v.doing()}" + (f" at {v.site}" if v.site else "")
-                     + f" (step {v.step + 1}, {max(0.0, end - v.beat):.1f} s before its end)")
-    steps = [v.step for v in views.values()]
-    if max(steps) - min(steps) > 1:
+                     + f" ({v.step_said()}; {max(0.0, end - v.beat):.1f} s before its end)")
+    steps = [v.step for v in views.values() if v.step_unknown is None]
+    if steps and max(steps) - min(steps) > 1:
         lines.append("  (ranks that synchronise every step are at most one step apart: the lower steps are older "
                      "news — those ranks went on after they last said where they were)")
     different = mismatch(views)
@@ -213,12 +297,27 @@ def whereabouts_lines(board: Any) -> list[str]:
     return lines
 
 
-def format_child_failure(error: Any, node_rank: int, board: Any = None) -> str:
-    """The report for a ``ChildFailedError`` raised by this node's agent (``board``: the job's, when known)."""
-    rank, failure, blame = first_cause(error.failures)
-    where = (f"local rank {failure.local_rank} on node {node_rank}, host {socket.gethostname()}, pid {failure.pid}, "
-             f"{describe_exit(failure.exitcode)}")  # failures are always this node's: one agent per node
+_SENT = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # a stop someone sends (a kill of a worker), not a crash
+
+
+def _sent_signal(failure: Any, stops: Any) -> str | None:
+    """The name of the stopping signal (SIGTERM...) someone sent this worker — not its agent — if it died of one."""
+    if stops is None or failure.exitcode >= 0 or stops.by_agent(failure.pid):
+        return None
+    with contextlib.suppress(ValueError):
+        name = signal.Signals(-failure.exitcode).name
+        return name if name in _SENT else None
+    return None
+
+
+def format_child_failure(error: Any, node_rank: int, board: Any = None, stops: Any = None) -> str:
+    """The report for a ``ChildFailedError`` raised by this node's agent (``board``: the job's, when known;
+    ``stops``: exits.Stops, the signals the agent sent its workers itself)."""
+    rank, failure, blame = first_cause(error.failures, stops)
+    place = f"local rank {failure.local_rank} on node {node_rank}, host {socket.gethostname()}, pid {failure.pid}"
+    where = f"{place}, {describe_exit(failure.exitcode)}"  # failures are always this node's: one agent per node
     traceback = _traceback(failure)
+    sent = _sent_signal(failure, stops) if blame is None else None
     info = _failures.info_of(failure.message)
     own = Post.from_dict(info) if info is not None else None
     stuck = stuck_blame(error.failures, rank)
@@ -242,6 +341,17 @@ def format_child_failure(error: Any, node_rank: int, board: Any = None) -> str:
             lines += ["", f"rank {rank}: {message}"]
         # A rank killed on another node (its agent posted it: exits.py) is the signal's case, not an early return.
         hint = {"killed": HINTS["signal"], "unreachable": HINTS["unreachable"]}.get(blame.state, HINTS["peer"])
+    elif sent is not None and not traceback:
+        # Someone signalled that worker, not the launcher: it is the cause, and the rank the agent stopped after it
+        # is not (which of the two the agent reaped first is a race: issue 37, item 5).
+        lines = [f"ringtrain run: rank {rank} was stopped by {sent} ({SENT_TO_IT}: {place}); all workers on this "
+                 "node were stopped."]
+        view = board.whereabouts().get(rank) if board is not None else None
+        if sent == "SIGTERM" and view is not None and view.preemptible:
+            lines += ["", f"rank {rank} answers SIGTERM with a checkpoint (its ring has a checkpoint_dir), but only a "
+                      "signal to ringtrain run is a preemption there: no checkpoint was written for this signal; a "
+                      "rerun resumes from the job's last checkpoint before it."]
+        hint = HINTS["sent"]
     else:
         lines = [f"ringtrain run: worker rank {rank} failed first ({where}); all workers on this node were stopped."]
         if traceback:
@@ -266,10 +376,16 @@ def format_child_failure(error: Any, node_rank: int, board: Any = None) -> str:
         if any("different collectives" in line for line in seen):
             hint = HINTS["mismatch"]
     others = sorted(r for r in error.failures if r != rank)
+
+    def ended(r: int) -> str:
+        other = error.failures[r]
+        if stops is not None and stops.by_agent(other.pid):
+            return f"stopped by this launcher after rank {rank} ended: {'/'.join(stops.sent[other.pid])}"
+        return describe_exit(other.exitcode)
+
     if others:
         lines += ["", "Other ranks that ended abnormally (usually stopped by the launcher after the first "
-                  "failure, or failing because of it): " + ", ".join(
-            f"rank {r} ({describe_exit(error.failures[r].exitcode)})" for r in others)]
+                  "failure, or failing because of it): " + ", ".join(f"rank {r} ({ended(r)})" for r in others)]
     lines += ["", f"HINT: {hint}"]
     return "\n".join(lines)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import sysconfig
 import threading
@@ -107,6 +108,9 @@ class Activity:
         self.phase = ""
         self.phase_since = 0.0
         self.step = 0
+        # Whether a ring's loop counts this rank's steps: its layers enter the phases (a ring loader, ring.backward,
+        # the gated optimizer). False for Horovod's API and a plain script, whose steps are their own loop's.
+        self.counts_steps = False
         self.epoch: int | None = None
         self.times = StepTimes()
         # True while the main thread waits for work of this rank's own that needs no peer (the end of a sharded
@@ -147,6 +151,7 @@ class Activity:
 
     def enter(self, phase: str) -> None:
         self.phase, self.phase_since = phase, time.time()
+        self.counts_steps = True
         if phase == "checkpoint":  # a save or a load begins (rare: the stack walk and the count cost nothing per step)
             caller = sys._getframe(1)
             outer = self.checkpoint_entry
@@ -177,7 +182,7 @@ class Activity:
 
     def step_ends(self, optimizer_steps: int) -> None:
         """The optimizer took a real step (``optimizer_steps`` taken now): the step is done, here and on a timeline."""
-        self.step = optimizer_steps
+        self.step, self.counts_steps = optimizer_steps, True
         done = self.times.end(time.perf_counter())
         if self.recorder is not None and done is not None:
             self.recorder.step_done(*done)
@@ -206,6 +211,25 @@ def waits_for_peers(describe: Callable[[FrameType], str] | None = None):
         return fn
 
     return mark
+
+
+PREEMPTION_MARK = "ringtrain_answers_preemption"  # on a signal handler that answers a preemption with a checkpoint
+
+
+def answers_preemption(handler: Callable) -> Callable:
+    """Mark a signal handler as one that answers a preemption with a checkpoint (loop/preempt.py's note), so that
+    ``preemptible`` can tell, from the handler SIGTERM has now, whether this rank saves when it is preempted."""
+    setattr(handler, PREEMPTION_MARK, True)
+    return handler
+
+
+def preemptible() -> bool:
+    """Does this process answer SIGTERM with a checkpoint now (a ring with a ``checkpoint_dir``)? Read from the
+    handler SIGTERM has (any thread may ask; a bound method reads its function's mark)."""
+    try:
+        return bool(getattr(signal.getsignal(signal.SIGTERM), PREEMPTION_MARK, False))
+    except (ValueError, TypeError):
+        return False
 
 
 def engine_sequence() -> int | None:
@@ -275,12 +299,15 @@ def in_collective(activity: "Activity | None", frame: FrameType | None = None) -
 
 def blocked_in(activity: "Activity | None", backward_syncs: bool, frame: FrameType | None = None) -> str | None:
     """What the main thread is blocked in, if it waits for other ranks; else None. Marked functions of ringtrain
-    (``waits_for_peers``) and the engine's modules count; a DDP backward too when ``backward_syncs``. The
+    (``waits_for_peers``) and the engine's modules count; a DDP backward too when ``backward_syncs`` — unless the
+    user's own code runs inside it (a backward hook, a custom Function's backward, a checkpointed forward computed
+    again) and waits for nothing itself: that rank computes, it does not wait for its peers (issue 37, item 6). The
     outermost such frame names it (the call the user made), unless a ring collective says what it is."""
     if activity is not None and activity.alone:
         return None
     frame = main_frame() if frame is None else frame
     found = None
+    computing = False  # a frame of the user's code inside what was looked at so far, with no wait inside it
     while frame is not None:
         code = frame.f_code
         module = frame.f_globals.get("__name__", "")
@@ -293,11 +320,25 @@ def blocked_in(activity: "Activity | None", backward_syncs: bool, frame: FrameTy
             if code.co_name not in _WRAPPERS:
                 found = code.co_name  # keep the outermost: the call the user made
         elif backward_syncs and module.startswith(_BACKWARD):
+            if computing and found is None:
+                return None  # the user's code runs inside this backward: this rank computes its own part
             found = "backward (gradient all-reduce)"
+        elif backward_syncs and found is None and not computing and is_user_file(code.co_filename):
+            computing = True
         frame = frame.f_back
     if found is None:
         return None
     return (activity.current if activity is not None else None) or found
+
+
+def in_backward(frame: FrameType | None = None) -> bool:
+    """Is the main thread inside an autograd backward (its own computation, a hook of the user's...)?"""
+    frame = main_frame() if frame is None else frame
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith(_BACKWARD):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _library_dirs() -> tuple[str, ...]:

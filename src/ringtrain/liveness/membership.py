@@ -112,6 +112,11 @@ class Membership:
         if not (mine and self._a_peer_failed(value)):
             (self._previous_hook or sys.__excepthook__)(kind, value, tb)
         if mine:
+            if self.watchdog is not None:
+                # Where this rank was is where the error found it: its watchdog says no more while the failure is
+                # posted (naming a stuck peer takes seconds), or the last word would be the excepthook's, not the
+                # collective it waited in ("in its own backward computation", for a rank whose all-reduce timed out).
+                self.watchdog.halt()
             entry = self.fail(one_line(value), value)
             # Now, not at exit: a peer stopped by this post may be gone (and this rank SIGTERMed by
             # torchrun's agent) before this rank's exit path ends; the file is what names it (failures.py).

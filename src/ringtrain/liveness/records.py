@@ -32,7 +32,9 @@ class Blame:
 
     def describe(self) -> str:
         if self.state == "killed":  # reason: "by SIGKILL (the OOM killer?) on host H, pid P"
-            return f"rank {self.rank} was killed {self.reason}"
+            # A SIGTERM its agent did not send (exits.py posts no other) came from outside: a stop, not a kill.
+            verb = "stopped" if self.reason.startswith(f"by SIGTERM ({SENT_TO_IT})") else "killed"
+            return f"rank {self.rank} was {verb} {self.reason}"
         if self.state == "unreachable":  # the store's host is gone; which ranks went with it is not known here
             return f"the job's store {self.reason}"
         return f"rank {self.rank} {self.state} ({self.reason})"
@@ -86,9 +88,11 @@ class Post:
         return cls.from_dict(json.loads(text))
 
 
-# What a signal that ends a worker usually means, for the one line that blames it.
+# What a signal that ends a worker usually means, for the one line that blames it. A SIGTERM is posted only when its
+# node's agent did not send it (launcher/exits.py): someone sent it to that worker, not to ringtrain run.
+SENT_TO_IT = "sent to it, not to the launcher"
 _SIGNAL_GUESS = {"SIGKILL": "the OOM killer?", "SIGSEGV": "a crash in native code", "SIGBUS": "a crash in native code",
-                 "SIGABRT": "an abort in native code", "SIGTERM": "stopped from outside", "SIGINT": "interrupted"}
+                 "SIGABRT": "an abort in native code", "SIGTERM": SENT_TO_IT, "SIGINT": "interrupted"}
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,13 @@ class Whereabouts:
     is at. ``seq`` counts the collectives ringtrain's own layers issued. ``times`` are the rolling
     milliseconds per step (``data``, ``sync``, ``step``) and the steps they cover.
 
+    ``step_unknown`` says why ``step`` counts nothing, when it does not: a script that does not use the Ring (its
+    loop is its own: ringtrain sees no step of it), or a ring whose loop has not begun; None: ``step`` is the
+    ring's optimizer steps. ``preemptible``: this rank answers SIGTERM with a checkpoint (a ring with a
+    ``checkpoint_dir``: loop/preempt.py), for the launcher's word on a preemption that saved nothing.
+    ``computing_backward``: its main thread is inside autograd's backward and waits for no peer — its own code runs
+    there (a backward hook, a custom Function), which a DDP backward that waits in the gradient all-reduce is not.
+
     ``checkpoint`` is the checkpoint it is in now (``ring.save``, ``ring.load``, ``the periodic
     checkpoint``: activity.checkpoint_call), None outside one — its ``phase`` may still say
     ``checkpoint`` after the call returned; ``issued`` the collectives it has issued on the job's
@@ -157,6 +168,9 @@ class Whereabouts:
     checkpoint: str | None = None
     issued: int | None = None
     checkpoint_at: int | None = None
+    step_unknown: str | None = None
+    preemptible: bool = False
+    computing_backward: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -168,15 +182,22 @@ class Whereabouts:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def doing(self) -> str:
-        """``in backward (gradient all-reduce)`` / ``in its data step`` / ``in ring.save`` / ``outside any collective``."""
+        """``in backward (gradient all-reduce)`` / ``in its data step`` / ``in its own backward computation`` /
+        ``in ring.save`` / ``outside any collective``."""
         if self.waiting:
             return f"in {self.waiting}"
         if self.checkpoint:
             return f"in {self.checkpoint}"
+        if self.computing_backward:  # inside autograd, waiting for nobody: its own code runs (a hook, a Function)
+            return "in its own backward computation"
         if self.phase and self.phase != "checkpoint":  # a checkpoint's phase outlives its call: only `checkpoint` says
             return f"in its {self.phase} step" if self.phase in ("data", "forward", "backward", "optimizer") \
                 else f"in {self.phase}"
         return "outside any collective"
+
+    def step_said(self) -> str:
+        """``step 5`` (the step it is in: its optimizer steps taken, plus one), or why it is not known."""
+        return f"step {self.step + 1}" if self.step_unknown is None else f"step unknown: {self.step_unknown}"
 
     def collective(self) -> str:
         """The collective it waits in, as a person reads it: ``the gradient all-reduce of step 5`` (DDP's, in
@@ -184,5 +205,6 @@ class Whereabouts:
         if not self.waiting:
             return "no collective"
         if "backward" in self.waiting:
-            return f"the gradient all-reduce of step {self.step + 1}"
+            return f"the gradient all-reduce of {self.step_said()}" if self.step_unknown is None \
+                else "the gradient all-reduce"
         return self.waiting

@@ -6,6 +6,7 @@ Pure functions of the ranks' ``Whereabouts`` (records.py) and what they answered
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 import time
 
@@ -19,12 +20,15 @@ def _ago(since: float | None, now: float) -> str:
     return f"{max(0.0, now - since):.0f} s" if since else "?"
 
 
-def _where(view: Whereabouts, now: float) -> str:
+def place_of(view: Whereabouts, now: float) -> str:
+    """``in backward (gradient all-reduce) of step 4 at train.py:52 in main, for 61 s``: where a rank is, and since when."""
     what = view.doing()
-    if view.waiting and view.phase in ("backward", "optimizer") or (view.waiting and "backward" in view.waiting):
-        what += f" of step {view.step + 1}"
+    if view.step_unknown is not None:
+        pass  # a plain script's steps are its own: no number is better than a wrong one
+    elif view.waiting and view.phase in ("backward", "optimizer") or (view.waiting and "backward" in view.waiting):
+        what += f" of {view.step_said()}"
     elif not view.waiting and view.phase:
-        what += f" (step {view.step + 1})"
+        what += f" ({view.step_said()})"
     since = view.waiting_since if view.waiting else view.phase_since
     return what + (f" at {view.site}" if view.site else "") + (f", for {_ago(since, now)}" if since else "")
 
@@ -113,22 +117,31 @@ def stall_report(reporter: int, world: int, views: dict[int, Whereabouts], stack
     does not answer (with its process state where it is on this host)."""
     now = time.time() if now is None else now
     me = views.get(reporter)
+
+    def answers(r: int, view: Whereabouts | None) -> bool:
+        # The reporter answers: it is writing this. Its word on the board may be older than FRESH_S — it spent that
+        # long waiting for the others' answers (a frozen rank's never come) — and it is never "not responding".
+        return view is not None and (r == reporter or responding(view, now))
+
     waited = _ago(me.waiting_since if me else None, now)
     lines = [f"ringtrain: stall: no progress for {waited}; rank {reporter} waits "
-             + (f"{_where(me, now)}." if me else "in a collective.")]
-    different = mismatch({r: v for r, v in views.items() if responding(v, now)})
+             + (f"{place_of(me, now)}." if me else "in a collective.")]
+    fresh = {r: v for r, v in views.items() if answers(r, v)}
+    if me is not None:
+        fresh[reporter] = dataclasses.replace(me, beat=max(me.beat, max(v.beat for v in fresh.values())))
+    different = mismatch(fresh)
     if different:
         lines.append(f"  the ranks are in different collectives: {different}")
-    waiting = sorted(r for r, v in views.items() if v.waiting and responding(v, now))
+    waiting = sorted(r for r, v in views.items() if v.waiting and answers(r, v))
     if waiting:
-        lines.append("  waiting:       " + "; ".join(f"rank {r} {_where(views[r], now)}" for r in waiting))
+        lines.append("  waiting:       " + "; ".join(f"rank {r} {place_of(views[r], now)}" for r in waiting))
     for r in range(world):
         view = views.get(r)
         if r in waiting:
             continue
-        if not responding(view, now) or (r in states and r not in stacks):
+        if not answers(r, view) or (r in states and r not in stacks):
             state = f": {states[r]}" if r in states else ""
-            last = f"; its last word {_ago(view.beat, now)} ago: {_where(view, now)}" if view else ""
+            last = f"; its last word {_ago(view.beat, now)} ago: {place_of(view, now)}" if view else ""
             hello = (hellos or {}).get(r, {})
             pid = (f"pid {view.pid} on {view.hostname}" if view else
                    f"pid {hello['pid']} on {hello.get('hostname', '?')}" if "pid" in hello else "never joined")
@@ -136,12 +149,19 @@ def stall_report(reporter: int, world: int, views: dict[int, Whereabouts], stack
             if stacks.get(r):
                 lines.append(textwrap.indent(stacks[r].rstrip(), "      "))
             continue
-        lines.append(f"  not arrived:   rank {r} {_where(view, now)}" + (":" if stacks.get(r) else ""))
+        lines.append(f"  not arrived:   rank {r} {place_of(view, now)}" + (":" if stacks.get(r) else ""))
         if stacks.get(r):
             lines.append(textwrap.indent(stacks[r].rstrip(), "      "))
     hint = ("HINT: every rank must reach the same collectives in the same order; the stacks above show "
             "where the others are. `kill -USR1 <ringtrain run pid>` (or `ringtrain stacks <pid>`) prints every "
             "rank's stack now.")
+    computing = [r for r in range(world) if r not in waiting and answers(r, views.get(r))
+                 and views[r].computing_backward]
+    if computing:
+        who = ", ".join(f"rank {r}" for r in computing)
+        hint += (f" {who} {'runs' if len(computing) == 1 else 'run'} code of its own inside its backward (a backward "
+                 "hook, a custom autograd Function: on its stack above), waiting for nobody: the others wait for its "
+                 "gradients.")
     if next_in:
         hint += f" Next report in {next_in:.0f} s unless the job moves on."
     lines.append(hint)

@@ -41,7 +41,8 @@ from typing import Any, Callable
 
 from ..errors import RingtrainError
 from . import dump, failures, procs, stall
-from .activity import Activity, blocked_in, checkpoint_call, engine_sequence, format_stacks, in_collective, user_site
+from .activity import (Activity, blocked_in, checkpoint_call, engine_sequence, format_stacks, in_backward,
+                       in_collective, preemptible, user_site)
 from .board import Board
 from .records import Blame, Whereabouts
 
@@ -264,6 +265,7 @@ class StallInspector(Check):
         number = dog.board.request_stacks() if others else 0
         stacks = dog.board.answers(number, others, 2.0) if number else {}
         views = dog.board.whereabouts()  # fresher, now that the others answered
+        views[dog.board.rank] = dog.whereabouts()  # its own, now: waiting for the answers aged the one it published
         silent = [r for r in others if r not in stacks]
         states = dog.states_of(silent)
         stacks.update(dog.stacks_from_outside([r for r in silent if states.get(r) not in ("gone",)]))
@@ -316,6 +318,7 @@ class Watchdog(threading.Thread):
         # What the main thread reports (its owner writes it: a ring, hvd.init); a plain script has nobody
         # writing one, and is read from its stack alone.
         self.activity = Activity() if activity is None else activity
+        self._plain = activity is None  # its steps are its own loop's: none is counted here
         self.note = note  # a line stall reports end with (NCCL's flight recorder: flight.py)
         self.board = board.clone()
         self.backward_syncs = backward_syncs
@@ -380,7 +383,15 @@ class Watchdog(threading.Thread):
             step=self.activity.step, epoch=self.activity.epoch, phase=self.activity.phase,
             phase_since=self.activity.phase_since, waiting=self.blocked, waiting_since=self._blocked_wall,
             seq=self.activity.calls, site=user_site(), times=self.activity.times.summary(),
-            checkpoint=self.checkpoint, issued=self.issued, checkpoint_at=self.checkpoint_at)
+            checkpoint=self.checkpoint, issued=self.issued, checkpoint_at=self.checkpoint_at,
+            step_unknown=self._step_unknown(), preemptible=preemptible(),
+            computing_backward=self.blocked is None and self.backward_syncs and in_backward())
+
+    def _step_unknown(self) -> str | None:
+        """Why this rank's step is not counted (Whereabouts.step_unknown), or None: a ring counts it."""
+        if self.activity.counts_steps:
+            return None
+        return "the script does not use the Ring" if self._plain else "no ring loop has counted a step"
 
     def stacks_from_outside(self, ranks: list[int]) -> dict[int, str]:
         """The stacks of ``ranks`` on this host that did not answer, taken with a signal (dump.py): where they are

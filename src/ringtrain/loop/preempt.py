@@ -23,6 +23,7 @@ import threading
 from typing import Any
 
 from ..errors import RingtrainError
+from ..liveness.activity import answers_preemption
 from ..liveness.dump import PREEMPT_SIGNAL_ENV as SIGNAL_ENV  # ringtrain run --preempt-signal: the rings' default
 from ..liveness.membership import has_left
 from ..liveness.records import PREEMPTED_EXIT as EXIT_CODE
@@ -144,6 +145,7 @@ class Preemption:
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         self._previous = {}
 
+    @answers_preemption  # the watchdog tells the launcher this rank saves when preempted (liveness.activity)
     def _note(self, signum: int, frame: Any) -> None:
         if has_left() or (signum == signal.SIGTERM and not agent_signalled()):
             # The rank already posted how it leaves (an error escaped, the script ended), or its ringtrain run was
