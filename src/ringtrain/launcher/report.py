@@ -190,7 +190,7 @@ _FROZEN = ("stopped (SIGSTOP?)", "stopped by a debugger", "a zombie", "gone")  #
 
 
 def preemption_not_saved(marks: dict[int, int], board: Any, stops: Any, signame: str) -> str | None:
-    """The report of a preemption that saved nothing, or not on every rank of this node (issue 37, item 9): which
+    """The report of a preemption that saved nothing, or not on every rank of this node: which
     rank did not save, and why — stopped (SIGSTOP) or frozen when the signal came, gone already, or waiting for such
     a rank — and that a rerun resumes from the job's previous checkpoint. None when no rank of this node answers
     ``signame`` with a checkpoint (no ring with a checkpoint_dir: nothing was to be saved), or when every one saved.
@@ -272,7 +272,7 @@ def whereabouts_lines(board: Any) -> list[str]:
     A rank says where it is about once a second (watchdog.PUBLISH_S), so what it last said may be older than
     its end by up to that, and more for a rank frozen or holding the GIL: each line says how much older (its
     post's time, else the newest word of any rank) — a kill -9 report put rank 0 at step 69 and rank 1 at 63,
-    which ranks that synchronise every step cannot be, without a word (issue 33, item 2)."""
+    which ranks that synchronise every step cannot be, without a word."""
     if board is None:
         return []
     views = board.whereabouts()
@@ -343,7 +343,7 @@ def format_child_failure(error: Any, node_rank: int, board: Any = None, stops: A
         hint = {"killed": HINTS["signal"], "unreachable": HINTS["unreachable"]}.get(blame.state, HINTS["peer"])
     elif sent is not None and not traceback:
         # Someone signalled that worker, not the launcher: it is the cause, and the rank the agent stopped after it
-        # is not (which of the two the agent reaped first is a race: issue 37, item 5).
+        # is not (which of the two the agent reaped first is a race: it named rank 0 in 2 of 5 runs).
         lines = [f"ringtrain run: rank {rank} was stopped by {sent} ({SENT_TO_IT}: {place}); all workers on this "
                  "node were stopped."]
         view = board.whereabouts().get(rank) if board is not None else None

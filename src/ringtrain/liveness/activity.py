@@ -46,7 +46,7 @@ class StepTimes:
     """Milliseconds per optimizer step — waiting for the training loader (``data``), in the synchronising part
     (``sync``: backward and the optimizer step, where a rank waits for the others) and in the whole step — over
     the last ``WINDOW`` steps and over the whole run. The one source of every per-rank step figure: the table
-    ``ringtrain run`` prints, ``ring.stats()``, ``ring.log``'s ranks.csv and the timeline (issue 33, item 2).
+    ``ringtrain run`` prints, ``ring.stats()``, ``ring.log``'s ranks.csv and the timeline.
 
     A step ends at its optimizer step (``end``): ``steps`` counts ``ring.optimizer_steps``, micro-batches of an
     accumulation window being one step. The next begins there, or — after a loader's pass ended (``pause``:
@@ -301,7 +301,7 @@ def blocked_in(activity: "Activity | None", backward_syncs: bool, frame: FrameTy
     """What the main thread is blocked in, if it waits for other ranks; else None. Marked functions of ringtrain
     (``waits_for_peers``) and the engine's modules count; a DDP backward too when ``backward_syncs`` — unless the
     user's own code runs inside it (a backward hook, a custom Function's backward, a checkpointed forward computed
-    again) and waits for nothing itself: that rank computes, it does not wait for its peers (issue 37, item 6). The
+    again) and waits for nothing itself: that rank computes, it does not wait for its peers (a sleep in a hook was reported as the all-reduce, the peer blamed). The
     outermost such frame names it (the call the user made), unless a ring collective says what it is."""
     if activity is not None and activity.alone:
         return None

@@ -107,7 +107,7 @@ class Membership:
     def _excepthook(self, kind: type, value: BaseException, tb: Any) -> None:
         mine = _ACTIVE is self and not self._left and not issubclass(kind, KeyboardInterrupt)
         # A peer's failure that reached this rank (the engine lost its connection, or it posted first) is said in
-        # one line below, not as the engine's traceback (15 lines of Gloo in every restart, issue 33); the
+        # one line below, not as the engine's traceback (15 lines of Gloo in every restart); the
         # traceback goes to the error file all the same.
         if not (mine and self._a_peer_failed(value)):
             (self._previous_hook or sys.__excepthook__)(kind, value, tb)

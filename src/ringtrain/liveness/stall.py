@@ -57,7 +57,7 @@ def _stuck(view: Whereabouts, now: float, after_s: float) -> bool:
     return bool(view.waiting) and view.waiting_since is not None and now - view.waiting_since >= after_s
 
 
-# What each checkpoint is, the sentence for a rank that skipped it, and the fix (issue 36, item 7).
+# What each checkpoint is, the sentence for a rank that skipped it, and the fix (`if ring.is_main: ring.save(...)` hung 30 minutes).
 _CHECKPOINT_WORDS = {
     "ring.save": ("ring.save runs on every rank and writes the file once (from rank 0); called on some ranks only",
                   "call ring.save on every rank: remove the `if ring.is_main:` (or rank check) around it; it saves once."),

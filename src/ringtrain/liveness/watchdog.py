@@ -215,7 +215,7 @@ class StackAnswers(Check):
 
 class CheckpointOnSomeRanks(Check):
     # Long enough for every rank's word (published once a second) to show a wait that does not move, short beside the
-    # stall warning (60 s) and the collective's timeout (30 min) the job would otherwise hang until (issue 36, item 7).
+    # stall warning (60 s) and the collective's timeout (30 min) the job would otherwise hang until.
     AFTER_S = 5.0
 
     def __init__(self, after_s: float = AFTER_S) -> None:
