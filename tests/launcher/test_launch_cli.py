@@ -148,3 +148,20 @@ def test_gpus_this_machine_lacks_are_refused(tmp_path, capsys, monkeypatch):
     assert run.main(["--gpus", "0,1", "--nproc-per-node", "2", str(script)]) == 2
     err = capsys.readouterr().err
     assert "--gpus 0,1 names GPU(s) [0, 1], but torch sees no CUDA GPU here" in err and "HINT:" in err, err
+
+
+def test_an_unreadable_script_is_refused(tmp_path, capsys, monkeypatch):
+    import builtins
+
+    script = write(tmp_path / "train.py", ALLREDUCE)
+    real_open = builtins.open
+
+    def denied(path, *args, **kwargs):  # root reads any file: the permission error is played
+        if str(path) == str(script):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", denied)
+    assert run.main([str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be read (Permission denied)" in err and "HINT: make it readable" in err, err

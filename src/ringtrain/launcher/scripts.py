@@ -132,6 +132,12 @@ def check_script(path: str) -> str:
             f"training script {path!r} does not exist (looked from {os.getcwd()})",
             "give the path to a .py file, relative to the current directory, or use -m for a module.",
         )
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as e:  # unreadable: every worker would fail with runpy's traceback
+        raise RingtrainError(f"training script {path!r} cannot be read ({e.strerror or e})",
+                             f"make it readable by this user (ls -l {path}; chmod u+r {path}).") from e
     return path
 
 
