@@ -42,10 +42,8 @@ def test_splits_that_break_them_are_value_errors(tensor, splits, n, says, hint):
     assert says in problem.message and hint in problem.hint
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a 0-d splits tensor raises a bare TypeError ('int' object is not "
-                                       "iterable) in _splits, before the check, instead of an InvalidArgument that "
-                                       "every rank raises")
 def test_a_0_d_splits_tensor_is_an_invalid_argument_too():
+    """It raised a bare TypeError ('int' object is not iterable) before the check, on one rank only."""
     _, problem = move._splits(ROWS, torch.tensor(5, dtype=torch.int32), 2)
     assert isinstance(problem, InvalidArgument) and "HINT" in str(problem)
 

@@ -193,7 +193,7 @@ def _splits(t: torch.Tensor, splits, n: int) -> tuple[list[int], RingtrainError 
             )
         return [rows // n] * n, None
     if isinstance(splits, torch.Tensor):
-        if splits.dim() > 1:
+        if splits.dim() != 1:
             return [0] * n, InvalidArgument(f"alltoall got a {splits.dim()}-d splits tensor",
                                             "pass a 1-d tensor (or a list) of row counts, one per rank.")
         if splits.dtype != torch.int32:
