@@ -25,6 +25,13 @@ class RingtrainError(RuntimeError):
         super().__init__(f"{message}\nHINT: {hint}")
 
 
+def on_rank(error: RingtrainError, rank: int) -> RingtrainError:
+    """``error``, marked as what happened on ``rank`` and is raised on every rank (a save rank 0 could not write):
+    the others' failure posts then name that rank as the cause (liveness/membership.post_failure)."""
+    error.on_rank = rank  # type: ignore[attr-defined]
+    return error
+
+
 def one_line(error: BaseException, limit: int = 500) -> str:
     """``ValueError: boom``: an exception's type and the first line of its message, for a report or a post
     (the rest of a long message, torch's advice included, is for the traceback)."""

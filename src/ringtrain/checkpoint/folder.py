@@ -275,7 +275,14 @@ class CheckpointDir:
             n += 1
             target = os.path.join(self.folder, f"{name}.damaged-{n}")
         if os.path.lexists(path):
-            os.rename(path, target)
+            try:
+                os.rename(path, target)
+            except OSError as e:  # a read-only or full folder: name the file, keep it where it is
+                raise RingtrainError(
+                    f"cannot set aside the damaged checkpoint {path!r} as {os.path.basename(target)} "
+                    f"({type(e).__name__}: {e.strerror or e}); it is left in place",
+                    "check the checkpoint folder's space and permissions (df -h, ls -ld), or move that checkpoint "
+                    "away by hand; the run resumes from the one before it once it is gone.") from e
         self._write_manifest([e for e in self._entries() if e["file"] != name])
         return (f"ringtrain: set aside the damaged checkpoint {name} as {os.path.basename(target)} ({why}); "
                 f"resuming from {os.path.basename(instead) if instead else 'an earlier one'}")

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..errors import RingtrainError
+from ..errors import RingtrainError, on_rank
 from ..loop.data import move_to_device
 from ..loop.held import Held
 from . import files, value_reader, values
@@ -47,8 +47,8 @@ def gather(strategy: Any, held: Held) -> list[dict[str, Any]]:
     for rank, record in enumerate(everyone):
         if "refused" in record:
             message, hint = record["refused"]
-            raise RingtrainError(f"rank {rank}: {message}; nothing was saved (the previous checkpoints are unchanged)",
-                                 hint)
+            raise on_rank(RingtrainError(f"rank {rank}: {message}; nothing was saved (the previous checkpoints are "
+                                         "unchanged)", hint), rank)
     return everyone
 
 

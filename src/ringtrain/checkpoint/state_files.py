@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..errors import RingtrainError, one_line
+from ..errors import RingtrainError, on_rank, one_line
 from ..loop.data import RingLoader, move_to_device
 from ..loop.held import Held
 from . import files, per_rank, rng, sharded, state, value_reader, values
@@ -80,9 +80,9 @@ class StateFiles:
         failures = self.strategy.gather_object(message)
         first = next(((r, m) for r, m in enumerate(failures) if m is not None), None)
         if first is not None:
-            raise RingtrainError(f"rank {first[0]}: the asynchronous checkpoint failed: {first[1]}",
-                                 "check the checkpoint folder's space and permissions; the previous checkpoint is "
-                                 "still the newest listed one.")
+            raise on_rank(RingtrainError(f"rank {first[0]}: the asynchronous checkpoint failed: {first[1]}",
+                                         "check the checkpoint folder's space and permissions; the previous "
+                                         "checkpoint is still the newest listed one."), first[0])
 
     # --- 4: the user's checkpoints ------------------------------------------------------
     def save(self, path: str, full: bool | None = None, **state_: Any) -> None:
@@ -150,7 +150,7 @@ class StateFiles:
         result, failure = self.strategy.broadcast_object((result, failure))
         if failure is not None:
             message, _, hint = failure.partition("\nHINT: ")
-            raise RingtrainError(f"rank 0: {message}", hint or "see the message above.")
+            raise on_rank(RingtrainError(f"rank 0: {message}", hint or "see the message above."), 0)
         return result
 
     def _with_extras(self, state_: dict[str, Any]) -> dict[str, Any]:

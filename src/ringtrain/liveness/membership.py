@@ -136,6 +136,8 @@ class Membership:
 
     def _a_peer_failed(self, error: BaseException) -> bool:
         """Did ``error`` come from a peer's failure: the engine lost a peer's connection, or a peer failed first?"""
+        if getattr(error, "on_rank", None) == self.board.rank:
+            return False  # it happened on this rank (a save rank 0 could not write), raised on every rank
         if lost_a_peer(error):
             return True
         first = self.board.first_peer_post()
@@ -203,6 +205,11 @@ def post_failure(board: Board, reason: str, error: BaseException | None = None) 
     """Post ``reason`` as this rank's failure: caused by a peer when a peer had posted first, when the
     engine says a peer went away (its connection closed), or when a collective timed out waiting for a
     rank that never arrived; then that peer is named if it can be."""
+    on_rank = getattr(error, "on_rank", None)  # an error every rank raises for what happened on one (checkpoint/)
+    if isinstance(on_rank, int):
+        if on_rank != board.rank:
+            return board.post("failed", reason, cause="peer", blame=Blame(on_rank, "failed", reason))
+        return board.post("failed", reason, cause="own")  # it happened here, whoever posted first
     first = board.first_peer_post()
     if first is None and lost_a_peer(error):
         first = _find_lost_peer(board)
