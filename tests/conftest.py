@@ -21,7 +21,8 @@ from _launch_util import launch_ranks  # noqa: E402
 # job modules. A module a test job needs that is not here is imported by each rank, as with "spawn".
 FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "ringtrain.ring",
                       "ringtrain.strategies", "ringtrain.horovod", "_ring_jobs", "_fsdp_jobs", "_pipeline_jobs",
-                      "_syncbn_jobs", "_fault_jobs", "_tracking_jobs", "_timeline_jobs", "_compression_jobs"]
+                      "_syncbn_jobs", "_fault_jobs", "_tracking_jobs", "_timeline_jobs", "_compression_jobs",
+                      "_tp_jobs"]
 
 
 def pytest_configure(config) -> None:

@@ -165,7 +165,7 @@ class Ring:
                         doc="Did the last ``ring.backward`` end an accumulation window (so the optimizer steps now)?")
     epoch = property(lambda self: self.held.epoch, doc="The epoch ``ring.epochs`` is in, or None outside it.")
     mesh = property(lambda self: getattr(self.strategy, "mesh", None),
-                    doc="The job's DeviceMesh (named dimensions: dp_replicate, dp_shard, pp), or None on one process.")
+                    doc="The job's DeviceMesh (named dimensions: dp_replicate, dp_shard, pp, tp), or None on one process.")
 
     global_batch_size = property(lambda self: self.held.global_batch, doc=Held.global_batch.__doc__)
 
@@ -192,9 +192,9 @@ class Ring:
         if isinstance(self.strategy, BackwardSyncControl):
             self._window.attach(wrapped)  # no_sync inside windows (ring.accumulate may still be set before training)
         if self.seed is not None:
-            # Same weights everywhere came from the shared seed (and the strategy's broadcast);
-            # from here on each rank draws its own random stream (dropout, augmentation).
-            seed_everything(self.seed + self.rank)
+            # Same weights everywhere came from the shared seed (and the strategy's broadcast); from here on
+            # each rank draws its own random stream (dropout, augmentation), a TP group one (seed_rank).
+            seed_everything(self.seed + self.strategy.seed_rank)
         suffix = str(len(self.held.models) - 1) if len(self.held.models) > 1 else ""
         targets: dict[str, Any] = {f"model{suffix}": wrapped}
         if optimizer is not None:

@@ -7,6 +7,8 @@ fill them in row-major order (torchtitan's ``ParallelDims``; Megatron-LM's rank 
     FSDP                    ("dp_shard", W)
     FSDP(replicate=k)       ("dp_replicate", k), ("dp_shard", W/k)      HSDP: shard within a group, replicate across
     Pipeline(stages=S)      ("pp", S), then its data strategy's dimensions over W/S
+    TP(N)                   ("tp", N)                                   every rank of the group reads the same batch
+    DDP(tp=N), FSDP(tp=N)   the data dimensions over W/N, then ("tp", N)  innermost: a TP group is neighbouring ranks
 
 ``Layout`` is that description and its arithmetic (which data shard a rank reads); ``build``
 turns it into torch's ``DeviceMesh`` (``init_device_mesh``), whose sub-meshes
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 from ..errors import RingtrainError
 
-PP, DP_REPLICATE, DP_SHARD = "pp", "dp_replicate", "dp_shard"
+PP, DP_REPLICATE, DP_SHARD, TP = "pp", "dp_replicate", "dp_shard", "tp"
 DATA_DIMS = (DP_REPLICATE, DP_SHARD)  # the dimensions the data is sharded over
 
 
@@ -71,6 +73,15 @@ class Layout:
                 index = index * size + where[name]
         return index
 
+    def rank_without(self, rank: int, name: str) -> int:
+        """``rank``'s index over every dimension but ``name``, row-major: the ranks of one ``name`` group (a
+        tensor-parallel group) share it."""
+        where, index = self.coordinates(rank), 0
+        for dim, size in self.dims:
+            if dim != name:
+                index = index * size + where[dim]
+        return index
+
     def __str__(self) -> str:
         return " x ".join(f"{name}={size}" for name, size in self.dims)
 
@@ -82,6 +93,25 @@ def data_layout(world: int, replicate: int = 1, shard: bool = False) -> tuple[tu
     if replicate == 1:
         return ((DP_SHARD, world),)
     return ((DP_REPLICATE, replicate), (DP_SHARD, world // replicate))
+
+
+def with_tp(data: tuple[tuple[str, int], ...], tp: int) -> tuple[tuple[str, int], ...]:
+    """``data``'s dimensions, then ``("tp", tp)`` innermost (none for tp=1): a tensor-parallel group exchanges
+    activations every layer, so it takes neighbouring ranks (one node's), as torchtitan's mesh and Megatron-LM put it."""
+    return (*data, (TP, tp)) if tp > 1 else data
+
+
+def data_ranks(world: int, tp: int, asked: str) -> int:
+    """How many data-parallel ranks ``world`` ranks make in groups of ``tp``; ``asked`` (the strategy as written)
+    is refused, with the divisors, when ``tp`` does not divide ``world``."""
+    if world % tp:
+        divisors = ", ".join(str(d) for d in range(1, world + 1) if world % d == 0)
+        raise RingtrainError(
+            f"{asked} needs the {world} processes started to form tensor-parallel groups of {tp}, and {tp} does "
+            f"not divide {world}",
+            f"start a multiple of {tp} processes (data-parallel replicas x tp), or choose tp among the divisors of "
+            f"{world}: {divisors}.")
+    return world // tp
 
 
 def build(layout: Layout, device_type: str):

@@ -3,6 +3,7 @@
     rt.Ring(strategy=rt.strategies.DDP(find_unused_parameters=True))
     rt.Ring(strategy=rt.strategies.Pipeline(stages=2, microbatches=8, schedule="1f1b"))
     rt.Ring(strategy=rt.strategies.FSDP(wrap=[Block], replicate=2))
+    rt.Ring(strategy=rt.strategies.FSDP(tp=rt.strategies.TP(2, sequence_parallel=True)))
     rt.Ring(strategy="ddp")        # a name is the class with its default options
 
 ``resolve`` is the one place that maps a name (or ``"auto"``) to a strategy object.
@@ -27,6 +28,7 @@ from .fsdp import FSDP
 from .hvd import Horovod
 from .pipeline import Pipeline
 from .single import Single
+from .tp import TP
 
 REGISTRY: dict[str, type[Strategy]] = {
     "single": Single,
@@ -35,12 +37,13 @@ REGISTRY: dict[str, type[Strategy]] = {
     "fsdp": FSDP,
     "hvd": Horovod,
     "pipeline": Pipeline,
+    "tp": TP,
 }
 NAMES = ("auto", *REGISTRY)
 
 __all__ = [
     "BackwardSyncControl", "DDP", "DataParallel", "Distributed", "FSDP", "Horovod", "Pipeline", "PipelineSchedule",
-    "PowerSGD", "REGISTRY", "Single", "StageData", "Strategy", "check_setup", "module_options", "resolve",
+    "PowerSGD", "REGISTRY", "Single", "StageData", "Strategy", "TP", "check_setup", "module_options", "resolve",
 ]
 
 

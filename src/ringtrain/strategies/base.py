@@ -34,7 +34,7 @@ from ..errors import RingtrainError
 from ..loop import collectives
 from ..parallel.environments import Environment
 from ..parallel.group import GroupOptions, ProcessGroup
-from ..parallel.mesh import Layout, build as build_mesh, data_layout
+from ..parallel.mesh import TP, Layout, build as build_mesh, data_layout
 from ..parallel.stages import spans_devices
 from .materialize import check as check_meta, materialize, on_meta, rank0_rng_state
 
@@ -146,6 +146,12 @@ class Strategy(ABC):
     def data_parallel_size(self) -> int:
         """How many different shards the data is cut into."""
         return self.world_size
+
+    @property
+    def seed_rank(self) -> int:
+        """Which random stream this process draws after ``ring.setup`` (the Ring seeds it with seed + seed_rank):
+        its own, except where ranks compute one thing together (a tensor-parallel group's replicated activations)."""
+        return self.rank
 
     # --- model and optimizer --------------------------------------------------------
     def setup_module(self, module: nn.Module, precision: Any, **options: Any) -> nn.Module:
@@ -320,6 +326,11 @@ class Distributed(Strategy):
     @property
     def data_parallel_size(self) -> int:
         return self.layout().data_parallel_size()
+
+    @property
+    def seed_rank(self) -> int:
+        # The ranks of a TP group draw the same numbers: dropout on the activations they all hold must agree.
+        return self.layout().rank_without(self.rank, TP)
 
     def checkpoint_group(self) -> Any:
         """A Gloo group of every rank for asynchronous checkpoint writes (made on first use: collective)."""

@@ -16,10 +16,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..comm import ddp_hooks
 from ..errors import RingtrainError
-from ..parallel.mesh import data_layout
+from ..parallel.mesh import DP_REPLICATE, TP, Layout, data_layout, data_ranks, with_tp
 from ..parallel.stages import spans_devices
 from ..tracking import timeline
+from . import _units, tp as tensor_parallel
 from .base import BackwardSyncControl, Distributed, StageData
+from .fsdp import no_gradient_sync
 
 
 class DDP(Distributed, BackwardSyncControl, StageData):
@@ -32,6 +34,12 @@ class DDP(Distributed, BackwardSyncControl, StageData):
     (low-rank with error feedback, ~100x fewer bytes), ``"auto"`` (measure the link at start-up
     and pick; the choice is printed). ``ring.setup(model, optimizer, find_unused_parameters=True)``
     still works and wins.
+
+    ``tp=N`` (or ``tp=rt.strategies.TP(N, ...)``): W/N replicas of a tensor-parallel group of N ranks (tp.py). Its
+    parameters are DTensors, which DistributedDataParallel cannot hold (torch's own DDP + TP path swaps them for new
+    local tensors every forward); the replicas are then kept in step by FSDP2's ``replicate`` on the
+    ``dp_replicate`` sub-mesh (torchtitan's DDP x TP), so ``compression=`` and DistributedDataParallel's options
+    do not apply.
     """
 
     name = "ddp"
@@ -40,13 +48,20 @@ class DDP(Distributed, BackwardSyncControl, StageData):
     )
     backward_syncs = True
 
-    def __init__(self, *, compression: str = "none", **ddp_options: Any):
+    def __init__(self, *, compression: str = "none", tp: Any = None, **ddp_options: Any):
         super().__init__()
         compression = ddp_hooks.check(compression)
         unknown = set(ddp_options) - self.MODULE_OPTIONS
         if unknown:
             raise RingtrainError(f"DDP got unknown option(s) {sorted(unknown)}",
                                  f"DistributedDataParallel's options are {sorted(self.MODULE_OPTIONS)}.")
+        self.tp = tensor_parallel.of(tp, "DDP")
+        if self.tp is not None and (compression != "none" or ddp_options):
+            raise RingtrainError(f"DDP(tp={self.tp.size}) got {'compression=' if compression != 'none' else ''}"
+                                 f"{' '.join(sorted(ddp_options))}",
+                                 "under tensor parallelism the replicas are kept in step by FSDP2's replicate, not "
+                                 "DistributedDataParallel: drop those options.")
+        self.shards_state = self.tp is not None  # cut parameters: sharded folders by default
         self.compression = compression
         self.ddp_options = ddp_options
         self.hooks: list[Any] = []  # each replica's comm-hook state (its bytes, PowerSGD's matrices)
@@ -59,10 +74,58 @@ class DDP(Distributed, BackwardSyncControl, StageData):
                 f"{type(module).__name__} has no trainable parameters, so DDP has nothing to synchronise",
                 "pass the model you train to ring.setup, or use ring.setup only for trainable models.",
             )
+        if self.tp is not None:
+            return self._replicas_of_tp(module, options)
         return self.apply(module, None, self.device, **options)
+
+    # --- DDP(tp=N): a TP group per replica, the replicas kept in step on dp_replicate ------------
+    def check_job(self) -> None:
+        if self.tp is not None:
+            data_ranks(self.env.world_size, self.tp.size, f"DDP(tp={self.tp.size})")
+        super().check_job()
+
+    def layout(self) -> Layout:
+        tp = self.tp.size if self.tp is not None else 1
+        return Layout(with_tp(data_layout(self.world_size // tp), tp))
+
+    def configure(self, *, accumulate: int = 1, nonfinite: str = "raise", sync_batchnorm: bool = False) -> None:
+        if self.tp is not None:
+            tensor_parallel.refuse_sync_batchnorm(sync_batchnorm, repr(self))
+
+    def setup_module(self, module: nn.Module, precision: Any, **options: Any) -> nn.Module:
+        if self.tp is not None:
+            tensor_parallel.refuse_precision(precision, repr(self))
+        return super().setup_module(module, precision, **options)
+
+    def _replicas_of_tp(self, module: nn.Module, options: dict[str, Any]) -> nn.Module:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        if options:
+            raise RingtrainError(f"ring.setup got {sorted(options)} with DDP(tp={self.tp.size})",
+                                 "DistributedDataParallel's options do not apply under tensor parallelism: drop them.")
+        self.tp.cut(module, self.mesh[TP], self.device)
+        # torchtitan's apply_replicate: the repeated blocks as units of their own (their all-reduce overlaps the
+        # rest of the backward), then the model; gradients are averaged over the replicas, as DDP's are.
+        for name in _units.choose(module, "auto"):
+            replicate(module.get_submodule(name), mesh=self.mesh[DP_REPLICATE])
+        replicate(module, mesh=self.mesh[DP_REPLICATE])
+        self.tp.watch(module, self.mesh[TP], lambda: self.named_parameters(module))
+        tensor_parallel.together(self, module)
+        return module
+
+    def step_context(self, optimizer: torch.optim.Optimizer) -> ContextManager:
+        return self.tp.guards.after_step(optimizer) if self.tp is not None else contextlib.nullcontext()
+
+    def clip_grad_norm_(self, module: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        if self.tp is not None:
+            return tensor_parallel.clip_grad_norm_(module, max_norm, norm_type)
+        return super().clip_grad_norm_(module, max_norm, norm_type)
 
     # --- in a pipeline (StageData): each stage replicated over its sub-mesh of D ranks ------------
     def dims_over(self, replicas: int) -> tuple[tuple[str, int], ...]:
+        if self.tp is not None:
+            raise RingtrainError("Pipeline(data=DDP(tp=...)): tensor parallelism inside a pipeline stage is not "
+                                 "supported yet", "use Pipeline(data=DDP()), or DDP(tp=...) without a pipeline.")
         return data_layout(replicas)
 
     def place_stage(self, stage: nn.Module, *, mesh: Any, device: Any, precision: Any, meta: bool,
@@ -145,10 +208,11 @@ class DDP(Distributed, BackwardSyncControl, StageData):
     def no_sync(self, module: nn.Module) -> ContextManager:
         if isinstance(module, DistributedDataParallel):
             return module.no_sync()
-        return contextlib.nullcontext()
+        return no_gradient_sync(module)  # DDP(tp=N): FSDP2's replicate (none without it)
 
     def __repr__(self) -> str:
-        options = {**self.ddp_options, **({"compression": self.compression} if self.compression != "none" else {})}
+        options = {**self.ddp_options, **({"compression": self.compression} if self.compression != "none" else {}),
+                   **({"tp": tensor_parallel.shown(self.tp)} if self.tp is not None else {})}
         return f"DDP({', '.join(f'{k}={v!r}' for k, v in options.items())})"
 
 

@@ -17,7 +17,9 @@ submodules are units is ``wrap=`` (_units.py). This file maps the Ring's options
   of W/k ranks (e.g. a node), replicate across groups (all-reduce);
 * a model built on the meta device is sharded first, then only this rank's shards are allocated
   and initialised (materialize.py);
-* checkpoints are sharded folders by default (sharded.py; ``ring.save(..., full=True)`` for one file).
+* checkpoints are sharded folders by default (sharded.py; ``ring.save(..., full=True)`` for one file);
+* ``tp=N`` -> FSDP x TP: tensor parallelism over groups of N neighbouring ranks first (tp.py, on ``mesh["tp"]``),
+  then ``fully_shard`` on the data dimensions' sub-mesh: each parameter a 2-D DTensor (torchtitan's order).
 
 The optimizer the user built on the unsharded model is pointed at the shards by ``ring.setup``
 (optim.replace_parameters). Without the meta device every rank starts from rank 0's weights,
@@ -27,7 +29,6 @@ as DDP's constructor does: FSDP2 itself would shard whatever each rank built.
 from __future__ import annotations
 
 import contextlib
-import datetime
 from typing import Any, ContextManager
 
 import torch
@@ -35,9 +36,9 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import RingtrainError
-from ..liveness.activity import user_site
-from ..parallel.mesh import Layout, data_layout
-from . import _units, materialize
+from ..parallel.mesh import TP, Layout, data_layout, data_ranks, with_tp
+from . import _units, materialize, tp as tensor_parallel
+from ._evaluation import EvaluationTogether
 from .base import BackwardSyncControl, Distributed, StageData
 
 OFFLOADS = (None, "cpu")
@@ -52,7 +53,8 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
     backward (ZeRO-2-like: less communication), an int reshards to groups of that many ranks;
     ``offload="cpu"``: shards, gradients and the optimizer step live in CPU memory (torch's
     ``CPUOffloadPolicy``); ``replicate=k``: HSDP, sharded within groups of W/k ranks, replicated
-    across the k groups.
+    across the k groups; ``tp=N`` (or ``tp=rt.strategies.TP(N, plan=..., sequence_parallel=...)``): tensor
+    parallelism inside groups of N ranks, FSDP (or HSDP) across them.
     """
 
     name = "fsdp"
@@ -60,7 +62,7 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
     shards_state = True
 
     def __init__(self, *, wrap: Any = "auto", reshard_after_forward: bool | int = True, offload: str | None = None,
-                 replicate: int = 1):
+                 replicate: int = 1, tp: Any = None):
         super().__init__()
         if not isinstance(reshard_after_forward, (bool, int)) or (
                 not isinstance(reshard_after_forward, bool) and reshard_after_forward < 2):
@@ -73,6 +75,10 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
                                  "replicate is the number of replica groups (1: plain FSDP; e.g. the number of nodes).")
         if wrap != "auto" and wrap is not None and not callable(wrap) and not isinstance(wrap, (list, tuple, set)):
             _units.choose(nn.Module(), wrap)  # raises the wrap= error
+        self.tp = tensor_parallel.of(tp, "FSDP")
+        if self.tp is not None and offload is not None:
+            raise RingtrainError(f"FSDP(tp={self.tp.size}, offload={offload!r}) is not supported yet",
+                                 "drop offload= with tensor parallelism (or tp= with offload).")
         self.wrap = wrap
         self.reshard_after_forward = reshard_after_forward
         self.offload = offload
@@ -82,24 +88,37 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
     def __repr__(self) -> str:
         options = {"wrap": self.wrap if self.wrap in ("auto", None) else "custom",
                    "reshard_after_forward": self.reshard_after_forward, "offload": self.offload,
-                   "replicate": self.replicate}
-        defaults = {"wrap": "auto", "reshard_after_forward": True, "offload": None, "replicate": 1}
+                   "replicate": self.replicate,
+                   "tp": tensor_parallel.shown(self.tp)}
+        defaults = {"wrap": "auto", "reshard_after_forward": True, "offload": None, "replicate": 1, "tp": None}
         return f"FSDP({', '.join(f'{k}={v!r}' for k, v in options.items() if v != defaults[k])})"
 
     def check_job(self) -> None:
-        if self.env.world_size % self.replicate:
+        tp = self.tp.size if self.tp is not None else 1
+        data = data_ranks(self.env.world_size, tp, repr(self)) if tp > 1 else self.env.world_size
+        if data % self.replicate:
+            among = f"the {data} data-parallel ranks (the {self.env.world_size} processes in groups of tp={tp})" \
+                if tp > 1 else f"the {data} processes started"
             raise RingtrainError(
-                f"FSDP(replicate={self.replicate}) does not divide the {self.env.world_size} processes started",
-                f"start a multiple of {self.replicate} processes, or choose replicate among the divisors of "
-                f"{self.env.world_size} (e.g. the number of nodes).",
+                f"FSDP(replicate={self.replicate}) does not divide {among}",
+                f"start a multiple of {self.replicate * tp} processes, or choose replicate among the divisors of "
+                f"{data} (e.g. the number of nodes).",
             )
         super().check_job()
 
     def layout(self) -> Layout:
-        return Layout(data_layout(self.world_size, self.replicate, shard=True))
+        tp = self.tp.size if self.tp is not None else 1
+        return Layout(with_tp(data_layout(self.world_size // tp, self.replicate, shard=True), tp))
+
+    def configure(self, *, accumulate: int = 1, nonfinite: str = "raise", sync_batchnorm: bool = False) -> None:
+        if self.tp is not None:
+            tensor_parallel.refuse_sync_batchnorm(sync_batchnorm, repr(self))
 
     # --- in a pipeline (StageData): each stage sharded over its sub-mesh of D ranks ---------------
     def dims_over(self, replicas: int) -> tuple[tuple[str, int], ...]:
+        if self.tp is not None:
+            raise RingtrainError("Pipeline(data=FSDP(tp=...)): tensor parallelism inside a pipeline stage is not "
+                                 "supported yet", "use Pipeline(data=FSDP()), or FSDP(tp=...) without a pipeline.")
         if replicas % self.replicate:
             raise RingtrainError(f"Pipeline(data=FSDP(replicate={self.replicate})) does not divide the {replicas} "
                                  "replicas of each stage", f"choose replicate among the divisors of {replicas}.")
@@ -114,19 +133,35 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
 
     @property
     def data_mesh(self) -> Any:
-        """The mesh FSDP shards over: the whole job's (a pipeline hands it a sub-mesh instead)."""
-        return self.mesh
+        """The mesh FSDP shards over: the whole job's, or its data dimensions under tp= (a pipeline hands it a
+        sub-mesh instead)."""
+        if self.tp is None:
+            return self.mesh
+        names = tuple(n for n in self.layout().names if n != TP)
+        return self.mesh[names if len(names) > 1 else names[0]]
 
     # --- model --------------------------------------------------------------------------------
     def setup_module(self, module: nn.Module, precision: Any, **options: Any) -> nn.Module:
-        sharded = self.shard(module, precision, self.data_mesh, self.device)
+        sharded = self._tensor_parallel_then_shard(module, precision)
         if self.world_size > 1 and self.group.store is not None:
-            sharded.register_forward_pre_hook(_EvaluationTogether(self), prepend=True)
+            sharded.register_forward_pre_hook(EvaluationTogether(self), prepend=True)
         return sharded
 
     def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
         """``module`` sharded in place with fp32 parameters (``setup_module`` passes the ring's precision)."""
-        return self.shard(module, None, self.data_mesh, self.device)
+        return self._tensor_parallel_then_shard(module, None)
+
+    def _tensor_parallel_then_shard(self, module: nn.Module, precision: Any) -> nn.Module:
+        if self.tp is None:
+            return self.shard(module, precision, self.data_mesh, self.device)
+        tensor_parallel.refuse_precision(precision, repr(self))
+        self.tp.cut(module, self.mesh[TP], self.device)  # rank 0's weights, cut: the shards come from those
+        sharded = self.shard(module, precision, self.data_mesh, self.device, broadcast=lambda _tensor: None)
+        self.tp.watch(sharded, self.mesh[TP], lambda: self.named_parameters(sharded))
+        return sharded
+
+    def step_context(self, optimizer: torch.optim.Optimizer) -> ContextManager:
+        return self.tp.guards.after_step(optimizer) if self.tp is not None else contextlib.nullcontext()
 
     def shard(self, module: nn.Module, precision: Any, mesh: Any, device: torch.device,
               broadcast: Any = None, init: bool = True) -> nn.Module:
@@ -194,7 +229,7 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
         return module
 
     def no_sync(self, module: nn.Module) -> ContextManager:
-        return _no_gradient_sync(module)
+        return no_gradient_sync(module)
 
     def clip_grad_norm_(self, module: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip by the norm of the whole gradient (summed over every rank's shard); return that norm."""
@@ -202,39 +237,8 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
-class _EvaluationTogether:
-    """Every forward of a sharded model gathers each unit's shards from every rank: an evaluation under
-    ``torch.no_grad`` on one rank alone (``if rank == 0: evaluate(model)``) would pair its gathers with another
-    rank's training and hang or mix the two. Before each such forward the ranks meet in the job's store (a key
-    each, no collective); a rank the others do not join within the stall warning is named, with the fix."""
-
-    def __init__(self, strategy: "FSDP"):
-        self.strategy = strategy
-        self.count = 0
-
-    def __call__(self, module: nn.Module, args: Any) -> None:
-        if torch.is_grad_enabled():
-            return
-        self.count += 1
-        group, rank, world = self.strategy.group, self.strategy.rank, self.strategy.world_size
-        store, wait = group.store, group.options.stall_warning or 60.0
-        keys = [f"fsdp-eval/{self.count}/{r}" for r in range(world)]
-        store.set(keys[rank], "1")
-        try:
-            store.wait(keys, datetime.timedelta(seconds=wait))
-        except (RuntimeError, OSError) as e:
-            missing = [r for r, key in enumerate(keys) if not store.check([key])]
-            raise RingtrainError(
-                f"rank {rank} ran a forward of the FSDP-sharded model under torch.no_grad (evaluation #{self.count}) "
-                f"at {user_site() or 'an unknown line'}, and rank(s) {missing} did not run one within {wait:g} s: "
-                "FSDP's forward gathers every unit's shards from every rank, so an evaluation on some ranks alone "
-                "waits for ranks that are elsewhere",
-                "evaluate on every rank (a ring.loader with exact=True, then ring.all_reduce the metric), or "
-                "ring.save the model and evaluate the checkpoint in a process of its own.") from e
-
-
 @contextlib.contextmanager
-def _no_gradient_sync(module: nn.Module):
+def no_gradient_sync(module: nn.Module):
     from torch.distributed.fsdp import FSDPModule
 
     if not isinstance(module, FSDPModule):
