@@ -155,8 +155,8 @@ def test_where_the_ranks_were_last_seen_says_how_old_each_word_is():
     posts = {0: Post(rank=0, state="failed", reason="stopped: rank 1 was killed", time=101.0, cause="peer"),
              1: Post(rank=1, state="failed", reason="by SIGKILL", time=100.2)}
     lines = whereabouts_lines(Board(views, posts))
-    assert "  rank 0: in backward (gradient all-reduce) at train.py:40 (step 69, 0.1 s before its end)" in lines
-    assert "  rank 1: in its forward step at train.py:40 (step 63, 0.9 s before its end)" in lines
+    assert "  rank 0: in backward (gradient all-reduce) at train.py:40 (step 69; 0.1 s before its end)" in lines
+    assert "  rank 1: in its forward step at train.py:40 (step 63; 0.9 s before its end)" in lines
     assert any("at most one step apart" in line for line in lines), lines
     close = {r: Whereabouts(**{**v.__dict__, "step": 62}) for r, v in views.items()}
     assert not any("at most one step apart" in line for line in whereabouts_lines(Board(close, {})))
