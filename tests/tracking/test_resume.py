@@ -56,7 +56,8 @@ def test_csv_after_kill_9_has_every_step_once(killed_and_resumed):
     folder, before, output = killed_and_resumed
     assert before == list(range(1, KILL_AT + 1))  # what the killed run had written: flushed row by row
     resumed = KILL_AT - KILL_AT % SAVE_EVERY
-    assert f"continuing after step {resumed} ({KILL_AT - resumed} row(s) the run before logged past that step dropped" in output, output
+    dropped = f"({KILL_AT - resumed} row(s) the run before logged past that step dropped"
+    assert f"continuing after step {resumed} {dropped}" in output, output
     with open(folder / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["step"]) for r in rows] == list(range(1, STEPS + 1))
