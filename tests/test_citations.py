@@ -23,7 +23,7 @@ ROOT = SRC.parents[1]
 TORCH = Path(torch.__file__).resolve().parent.parent
 STDLIB = Path(tokenize.__file__).resolve().parent
 # Other projects' sources, cited for where a design comes from (Horovod's API, torch's own files).
-THIRD_PARTY = ("horovod/", "torch/", "multiprocessing/", "rendezvous/", "models/llama3/", "doc/PERFORMANCE.md")
+THIRD_PARTY = ("horovod/", "torch/", "multiprocessing/", "rendezvous/", "doc/PERFORMANCE.md")
 CITED = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*[\w-]+\.(?:py|md|sh))\b")
 # A user's script or a third party's file, named as an example: not files of ours.
 NOT_OURS = {
@@ -32,7 +32,7 @@ NOT_OURS = {
     "horovod/torch/optimizer.py", "horovod/torch/__init__.py", "horovod/common/basics.py", "prepare.py",
     "run.py", "x.py", "a.py", "b.py", "other.py", "mypkg/train.py", "train_ddp.py", "conftest.py", "validate.py",
     "join.py", "elastic.py", "sitecustomize.py", "usercustomize.py", "fsdp.py", "train.sh", "./discover.sh",
-    "scripts/train_ddp.py", "elastic_ddp.py",
+    "scripts/train_ddp.py",
 }
 ISSUE = re.compile(r"\b[Ii]ssues? #?\d+")
 

@@ -486,8 +486,9 @@ def _np(**changes):
     {TAG: "namedtuple", "module": "builtins", "class": "tuple", "fields": {}},
 ], ids=lambda t: _id(t))
 def test_malformed_payloads_are_damaged(tree):
-    _damaged(tree)
-    _damaged({"ok": [1, {"nested": tree}]})  # found wherever it is
+    assert isinstance(_damaged(tree), DamagedValue)
+    nested = _damaged({"ok": [1, {"nested": tree}]})  # found wherever it is
+    assert "ring.extras['evil']" in nested.message
 
 
 def test_hostile_shapes_of_a_file_are_bounded(tmp_path):

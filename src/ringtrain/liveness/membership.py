@@ -337,7 +337,7 @@ def leave_process(status: int, reason: str, master: tuple[str, int], rank: int, 
     if world_size < 2:
         return None
     # Best effort: the store's host (rank 0's process in an elastic job) may be leaving too, and torch's C++
-    # client prints every failed connect with a stack (one run in three of the DDP tutorial's elastic_ddp.py).
+    # client prints every failed connect with a stack (one run in three of the DDP elastic tutorial's script).
     with native_stderr_quiet():
         board = plain_board(master[0], master[1], rank, world_size, generation)
         if board is None:

@@ -23,11 +23,11 @@ def _ago(since: float | None, now: float) -> str:
 def place_of(view: Whereabouts, now: float) -> str:
     """``in backward (gradient all-reduce) of step 4 at train.py:52 in main, for 61 s``: where a rank is, and since when."""
     what = view.doing()
-    if view.step_unknown is not None:
-        pass  # a plain script's steps are its own: no number is better than a wrong one
-    elif view.waiting and view.phase in ("backward", "optimizer") or (view.waiting and "backward" in view.waiting):
+    # A plain script's steps are its own (step_unknown): no number is better than a wrong one.
+    in_step = view.waiting and (view.phase in ("backward", "optimizer") or "backward" in view.waiting)
+    if view.step_unknown is None and in_step:
         what += f" of {view.step_said()}"
-    elif not view.waiting and view.phase:
+    elif view.step_unknown is None and not view.waiting and view.phase:
         what += f" ({view.step_said()})"
     since = view.waiting_since if view.waiting else view.phase_since
     return what + (f" at {view.site}" if view.site else "") + (f", for {_ago(since, now)}" if since else "")

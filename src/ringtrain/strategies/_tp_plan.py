@@ -1,7 +1,7 @@
 """Tensor parallelism's plan: which module is cut how — torch's ``parallelize_module`` plan (module name or pattern ->
 ``ParallelStyle``), inferred from a model's shapes or given, checked, applied on the ``tp`` sub-mesh, and shown.
 
-The inferred plan is torchtitan's (models/llama3/parallelize.py, ``apply_tp``; Megatron-LM's layout, Shoeybi et al.
+The inferred plan is torchtitan's (its Llama 3 ``parallelize`` module, ``apply_tp``; Megatron-LM's layout, Shoeybi et al.
 2019), found in any model of the usual shapes rather than written per model:
 
 * **attention** — a module with Linear children named as q, k, v (``q``/``q_proj``/``wq``/``query``...) and an output
