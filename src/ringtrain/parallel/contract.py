@@ -1,0 +1,411 @@
+"""The launcher -> worker contract: every setting that crosses the process boundary as an environment variable.
+
+``ringtrain run`` (and ``rt.launch``) start workers as torchrun does: a worker learns where it stands from the
+environment it inherits. torchrun's own variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+...) and the schedulers' (``SLURM_*``, ``OMPI_*``) are read by the environment detectors
+(``environments.py``); everything else a worker reads from its environment is here, in one place:
+
+* ``Settings``: a frozen record of the values, typed and checked;
+* ``read(environ)``: the one reader. A bad value is refused with the variable's name and value;
+* ``to_environ(settings or fields)``: the one writer, the variables a launcher sets for its workers;
+* ``VARIABLES``: the table (name, field, type, default, meaning, who sets it), from which
+  ``docs/environment.md`` is generated (``environment_table``);
+* ``override(settings, **keywords)``: ``Ring(...)``'s keywords over the environment's values, in one place.
+
+Components never read the environment themselves: whoever builds them (the Ring, the process-group service,
+``hvd.init()``, the launcher's agent) reads ``Settings`` once and hands each its values. This module imports no
+torch: the launcher's worker entry reads it before the user's script imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from ..errors import RingtrainError
+from ..liveness.watchdog import STALL_WARNING_S
+
+# --- the protocol's constants (the launcher and the workers agree on them) ------------------------------------
+DEFAULT_GRACE = 30.0  # torchelastic's shutdown wait, and Kubernetes' terminationGracePeriodSeconds default
+DEBUG_COLLECTIVES_S = 60.0  # the collective checks' timeout when switched on without a number
+SIGNALLED = "signalled"  # the file ringtrain run's agent writes in its marks folder when a signal reaches it
+
+_NOT_PREEMPTION = tuple(getattr(signal, name) for name in ("SIGKILL", "SIGSTOP", "SIGINT", "SIGUSR2", "SIGCHLD")
+                        if hasattr(signal, name))
+_OFF = ("0", "off", "none", "never", "false", "no")
+_ON = ("1", "on", "true", "yes")
+
+
+# --- the values' checks (shared by the reader, the writer's callers and Ring's keywords) -----------------------
+def signal_of(value: Any, what: str = "Ring(preempt_signal=...)") -> int | None:
+    """A preemption signal: ``"SIGUSR1"``, ``"USR1"``, ``signal.SIGUSR1``, ``10``, or None (SIGTERM alone)."""
+    if value is None:
+        return None
+    if isinstance(value, signal.Signals) or (isinstance(value, int) and not isinstance(value, bool)):
+        return int(value)
+    text = str(value).strip().upper()
+    if text.isdigit():
+        found: Any = next((s for s in signal.Signals if s.value == int(text)), None)
+    else:
+        found = getattr(signal, text if text.startswith("SIG") else f"SIG{text}", None)
+    if not isinstance(found, signal.Signals) or found in _NOT_PREEMPTION:
+        raise RingtrainError(f"{what} got {value!r}, which is not a signal a scheduler preempts with",
+                             "give the signal the scheduler sends ahead of the end, e.g. SIGUSR1 (Slurm's "
+                             "--signal=USR1@90); SIGTERM is always taken. Not SIGKILL/SIGSTOP (they cannot be "
+                             "caught), SIGINT (Ctrl-C stops the job) or SIGUSR2 (the stack request's).")
+    return int(found)
+
+
+def signal_name(value: Any, what: str = "Ring(preempt_signal=...)") -> str | None:
+    """``signal_of``, as the signal's name (``"SIGUSR1"``): how the setting is held and written."""
+    number = signal_of(value, what)
+    if number is None:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def check_grace(value: Any, what: str = "Ring(preempt_grace=...)") -> float:
+    """The seconds a preemption leaves before SIGKILL: a positive number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise RingtrainError(f"{what} got {value!r}",
+                             "give the seconds the scheduler leaves between its signal and SIGKILL (e.g. 30).")
+    return float(value)
+
+
+def check_stall_warning(value: Any, what: str = "Ring(stall_warning=...)") -> float | None:
+    """Seconds a rank may wait in one collective before the stall report; None: never."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise RingtrainError(f"{what} got {value!r}",
+                             "give the seconds a rank may wait in a collective before the stall report (e.g. 60), "
+                             "or None for no stall reports.")
+    return float(value)
+
+
+def check_collectives(value: Any, what: str = "Ring(debug_collectives=...)") -> float | None:
+    """``debug_collectives``: True (checked, ``DEBUG_COLLECTIVES_S``), seconds, or False/None (off)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return DEBUG_COLLECTIVES_S
+    if isinstance(value, (int, float)) and 0 < value < float("inf"):
+        return float(value)
+    raise RingtrainError(f"{what} got {value!r}",
+                         "give True (every collective checked across ranks first, 60 s to agree), a number of "
+                         "seconds, or False.")
+
+
+# --- the text of a variable -> a value, and back ----------------------------------------------------------------
+def _text(raw: str) -> str | None:
+    return raw or None
+
+
+def _seconds_or_off(raw: str) -> float | None:
+    text = raw.strip().lower()
+    if text in _OFF:
+        return None
+    return float(text)  # ValueError: refused by read
+
+
+def _collectives(raw: str) -> float | None:
+    text = raw.strip().lower()
+    if text in _OFF or not text:
+        return None
+    if text in _ON:
+        return DEBUG_COLLECTIVES_S
+    return float(text)
+
+
+def _switch(raw: str) -> bool:
+    text = raw.strip().lower()
+    if text in _ON:
+        return True
+    if text in _OFF:
+        return False
+    raise ValueError(raw)
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw.strip())
+    if value <= 0:
+        raise ValueError(raw)
+    return value
+
+
+def _grace(raw: str) -> float:
+    value = float(raw.strip())
+    if not 0 < value < float("inf"):
+        raise ValueError(raw)
+    return value
+
+
+def _stall(raw: str) -> float | None:
+    value = _seconds_or_off(raw)
+    if value is not None and not 0 < value < float("inf"):
+        raise ValueError(raw)
+    return value
+
+
+def _debug(raw: str) -> float | None:
+    value = _collectives(raw)
+    if value is not None and not 0 < value < float("inf"):
+        raise ValueError(raw)
+    return value
+
+
+def _signal(raw: str) -> str | None:
+    return signal_name(raw.strip(), "RINGTRAIN_PREEMPT_SIGNAL") if raw.strip() else None
+
+
+def _number(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _off_or_number(value: Any) -> str:
+    return "0" if value is None else _number(value)
+
+
+def _bool(value: Any) -> str:
+    return "1" if value else "0"
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One row of the table: an environment variable and the ``Settings`` field it fills."""
+
+    name: str  # the variable
+    field: str  # the Settings field
+    type: str  # as the docs say it
+    default: str  # as the docs say it: what an unset variable means
+    meaning: str
+    set_by: str  # who sets it (ringtrain run's flag, the agent, torchrun, the user)
+    parse: Callable[[str], Any] = _text  # text -> value (ValueError / RingtrainError: refused)
+    write: Callable[[Any], str] | None = str  # value -> text; None: ringtrain only reads it
+    hint: str = "unset it, or see docs/environment.md."
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("RINGTRAIN_TIMELINE", "timeline", "folder", "off",
+             "every ring (and hvd.init) records a Chrome trace of its phases and collectives there",
+             "ringtrain run --timeline", hint="give a folder, or unset it."),
+    Variable("HOROVOD_TIMELINE", "horovod_timeline", "file or DYNAMIC", "off",
+             "Horovod's timeline file for ringtrain's hvd.init (DYNAMIC: wait for hvd.start_timeline)",
+             "the user, as under horovodrun", hint="give a FILE.json, DYNAMIC, or unset it."),
+    Variable("RINGTRAIN_PREEMPT_SIGNAL", "preempt_signal", "signal name", "SIGTERM alone",
+             "the signal a ring with a checkpoint_dir also answers with a checkpoint (SIGTERM always is); "
+             "the stack request moves to SIGUSR2 when it is SIGUSR1",
+             "ringtrain run --preempt-signal", parse=_signal,
+             hint="give the signal the scheduler sends ahead of the end (e.g. SIGUSR1), or unset it."),
+    Variable("RINGTRAIN_PREEMPT_GRACE", "preempt_grace", "seconds", f"{DEFAULT_GRACE:g}",
+             "the seconds a preemption leaves before SIGKILL (a longer checkpoint is said at start-up)",
+             "ringtrain run --preempt-grace", parse=_grace, write=_number,
+             hint="set it to the seconds a preemption leaves before SIGKILL (e.g. 30), or unset it."),
+    Variable("RINGTRAIN_PREEMPTED_DIR", "marks", "folder", "none",
+             "where a node's workers say they saved a preemption checkpoint and left; the agent writes "
+             "'signalled' there when a signal reaches it", "ringtrain run's agent (each node)"),
+    Variable("RINGTRAIN_STALL_WARNING", "stall_warning", "seconds, or 0/off", f"{STALL_WARNING_S:g}",
+             "seconds a rank may wait in one collective before the stall report; 0 or off: never",
+             "ringtrain run --stall-warning / --no-stall-check, or the user", parse=_stall, write=_off_or_number,
+             hint="set it to seconds (e.g. 60), or 0 to turn stall reports off."),
+    Variable("RINGTRAIN_DEBUG_COLLECTIVES", "debug_collectives", "1, seconds, or 0", "0 (off)",
+             "every collective checked across ranks first (1: 60 s to agree; a number: those seconds)",
+             "the user", parse=_debug, write=_off_or_number,
+             hint="set it to 1 (checks on), a number of seconds, or 0."),
+    Variable("RINGTRAIN_HVD_CHECKS", "hvd_checks", "1 or 0", "1",
+             "ringtrain's Horovod checks that the ranks' collectives match (hvd.init(checks=...) wins)",
+             "the user", parse=_switch, write=_bool, hint="set it to 1 or 0."),
+    Variable("HOROVOD_FUSION_THRESHOLD", "fusion_threshold", "bytes", "64 MiB",
+             "ringtrain's Horovod: the bytes of gradients fused into one all-reduce",
+             "ringtrain run --fusion-threshold-mb, or the user", parse=_positive_int,
+             hint="set it to a number of bytes, or unset it."),
+    Variable("RINGTRAIN_JOB_SECRET", "job_secret", "text", "made per one-node job",
+             "the key the liveness board's posts are sealed with (never a command line, never the store)",
+             "ringtrain run's agent, rt.launch, or the user (the same on every node)",
+             hint="set the same secret on every node, or unset it."),
+    Variable("RINGTRAIN_JOB_SECRET_FILE", "job_secret_file", "file", "none",
+             "a file holding the job's secret: the form forwarded to ssh hosts", "the user"),
+    Variable("RINGTRAIN_AGENT_NONCE", "agent_nonce", "text", "none",
+             "drawn per ringtrain run: the workers' hellos carry it, and the agent reads the board with the "
+             "hellos of its own workers", "ringtrain run's agent"),
+    Variable("RINGTRAIN_LAUNCHER_PID", "launcher_pid", "pid", "none",
+             "the agent's process: where a worker's native crash dump is named for the launcher's report",
+             "ringtrain run's worker entry", parse=_positive_int, hint="leave it to ringtrain run's worker entry."),
+    Variable("RINGTRAIN_CHECK_RESUME", "check_resume", "folder", "none",
+             "--check-resume's folder: the rings save there every step, and the second run resumes from it",
+             "ringtrain run --check-resume"),
+    Variable("RINGTRAIN_NODE_TOKEN", "node_token", "text", "none",
+             "a -H node's agent carries it: the launcher finds that process by it to pass on a signal over ssh",
+             "ringtrain run -H (each remote node)"),
+    Variable("TORCHELASTIC_RUN_ID", "run_id", "text", "none",
+             "torchrun's --rdzv-id: names the job (a checkpoint folder's lock, the timeline); 'none' names no job",
+             "torchrun (ringtrain run's agent)", write=None),
+    Variable("SLURM_JOB_ID", "slurm_job", "text", "none",
+             "names the job where torchrun does not; requeue=True requeues it (scontrol requeue)",
+             "Slurm", write=None),
+)
+_BY_FIELD = {v.field: v for v in VARIABLES}
+ENV = {v.field: v.name for v in VARIABLES}  # a field -> its variable's name (for messages, and the writers' keys)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a worker's environment says (``read``), typed; ``None``: unset."""
+
+    timeline: str | None = None
+    horovod_timeline: str | None = None
+    preempt_signal: str | None = None  # a signal's name ("SIGUSR1")
+    preempt_grace: float = DEFAULT_GRACE
+    marks: str | None = None
+    stall_warning: float | None = STALL_WARNING_S  # None: never
+    debug_collectives: float | None = None  # the checks' timeout; None: off
+    hvd_checks: bool = True
+    fusion_threshold: int | None = None
+    job_secret: str | None = None
+    job_secret_file: str | None = None
+    agent_nonce: str | None = None
+    launcher_pid: int | None = None
+    check_resume: str | None = None
+    node_token: str | None = None
+    run_id: str | None = None
+    slurm_job: str | None = None
+
+    @property
+    def job(self) -> str | None:
+        """The job this process belongs to, as its launcher names it (the same on every rank and restart). It is
+        shown, never trusted: two jobs can be given the same id."""
+        if self.run_id and self.run_id != "none":  # torchrun's default --rdzv-id "none" names no job
+            return f"torchrun {self.run_id}"
+        if self.slurm_job:
+            return f"Slurm job {self.slurm_job}"
+        return None
+
+    @property
+    def preempt_signum(self) -> int | None:
+        return signal_of(self.preempt_signal, "RINGTRAIN_PREEMPT_SIGNAL")
+
+
+def read(environ: Mapping[str, str] | None = None) -> Settings:
+    """The settings ``environ`` (default: this process's environment) holds. A variable that cannot be read is
+    refused with its name and value; an empty one counts as unset."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for variable in VARIABLES:
+        raw = environ.get(variable.name)
+        if raw is None or raw == "":
+            continue
+        try:
+            values[variable.field] = variable.parse(raw)
+        except (ValueError, RingtrainError) as e:
+            raise RingtrainError(f"environment variable {variable.name}={raw!r} cannot be read (wanted: "
+                                 f"{variable.type}; it sets: {variable.meaning})", variable.hint) from e
+    return Settings(**values)
+
+
+def to_environ(settings: Settings | None = None, **fields: Any) -> dict[str, str]:
+    """The variables a launcher sets for its workers: those of ``settings`` that differ from the defaults, and
+    each of ``fields`` given (a ``Settings`` field name -> its value; ``None``: the variable is left out). Only
+    the variables ringtrain writes (not torchrun's or Slurm's)."""
+    given: dict[str, Any] = {}
+    if settings is not None:
+        default = Settings()
+        given = {f.name: getattr(settings, f.name) for f in dataclasses.fields(Settings)
+                 if getattr(settings, f.name) != getattr(default, f.name)}
+    for name, value in fields.items():
+        if name not in _BY_FIELD:
+            raise RingtrainError(f"to_environ got {name}=, which is no field of the launcher's settings",
+                                 f"give one of: {', '.join(_BY_FIELD)}.")
+        given[name] = value
+    out = {}
+    for name, value in given.items():
+        variable = _BY_FIELD[name]
+        if variable.write is None:
+            if value is not None and name in fields:
+                raise RingtrainError(f"to_environ got {name}={value!r}: {variable.name} is set by "
+                                     f"{variable.set_by}, not by ringtrain", "leave it out.")
+            continue
+        if value is None and variable.write is not _off_or_number:
+            continue
+        out[variable.name] = variable.write(value)
+    return out
+
+
+_KEYWORD_DEFAULTS = {"timeline": None, "preempt_signal": None, "preempt_grace": None, "stall_warning": "default",
+                     "debug_collectives": False}
+
+
+def override(settings: Settings, **keywords: Any) -> Settings:
+    """``Ring(...)``'s keywords over the environment's settings: a keyword left at its default (``None``;
+    ``stall_warning="default"``; ``debug_collectives=False``) keeps the environment's value; one given is checked
+    and wins. The one place where "keyword, else environment variable, else default" is decided."""
+    changes: dict[str, Any] = {}
+    for name, value in keywords.items():
+        if name not in _KEYWORD_DEFAULTS:
+            raise RingtrainError(f"override got {name}=, which no Ring keyword sets",
+                                 f"give one of: {', '.join(_KEYWORD_DEFAULTS)}.")
+        if value is _KEYWORD_DEFAULTS[name] or (isinstance(value, str) and value == _KEYWORD_DEFAULTS[name]):
+            continue
+        if name == "timeline":
+            changes[name] = value or None
+        elif name == "preempt_signal":
+            changes[name] = signal_name(value)
+        elif name == "preempt_grace":
+            changes[name] = check_grace(value)
+        elif name == "stall_warning":
+            changes[name] = check_stall_warning(value)
+        elif name == "debug_collectives":
+            changes[name] = check_collectives(value)
+    return dataclasses.replace(settings, **changes) if changes else settings
+
+
+def environment_table(language: str = "en") -> str:
+    """``VARIABLES`` as a Markdown table (docs/environment.md, generated from it)."""
+    head = {"en": ("Variable", "Settings field", "Type", "Unset means", "Set by", "Meaning"),
+            "zh-CN": ("变量", "Settings 字段", "类型", "未设置时", "由谁设置", "含义")}[language]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for v in VARIABLES:
+        rows.append(f"| `{v.name}` | `{v.field}` | {v.type} | {v.default} | {v.set_by} | {v.meaning} |")
+    return "\n".join(rows) + "\n"
+
+
+
+_PAGES = {
+    "en": ("# The environment: what `ringtrain run` tells its workers\n\n"
+           "Settings cross from `ringtrain run` (and `rt.launch`) to the workers as environment variables, as "
+           "torchrun's own do. torchrun's (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, ...) and the "
+           "schedulers' (`SLURM_*`, `OMPI_*`) are read by the environment detectors "
+           "(`src/ringtrain/parallel/environments.py`); every other variable ringtrain sets or reads is below. "
+           "One module reads and writes them all, `src/ringtrain/parallel/contract.py`: its `VARIABLES` is this "
+           "table, `read()` the one reader (a bad value is refused with the variable's name), `to_environ()` the "
+           "one writer. A `Ring(...)` keyword (`timeline`, `preempt_signal`, `preempt_grace`, `stall_warning`, "
+           "`debug_collectives`) wins over its variable.\n\n"
+           "<!-- generated from ringtrain.parallel.contract.VARIABLES: "
+           "python -m ringtrain.parallel.contract > docs/environment.md -->\n\n"),
+    "zh-CN": ("# 环境变量：`ringtrain run` 告诉 worker 的设置\n\n"
+              "设置从 `ringtrain run`（以及 `rt.launch`）以环境变量传给 worker，与 torchrun 自己的变量一样。"
+              "torchrun 的变量（`RANK`、`WORLD_SIZE`、`LOCAL_RANK`、`MASTER_ADDR` 等）和调度器的变量（`SLURM_*`、"
+              "`OMPI_*`）由环境探测器（`src/ringtrain/parallel/environments.py`）读取；ringtrain 设置或读取的其他所有"
+              "变量都在下表中。只有一个模块读写它们：`src/ringtrain/parallel/contract.py`，其 `VARIABLES` 即此表，"
+              "`read()` 是唯一的读取者（值不对时报错并指出变量名），`to_environ()` 是唯一的写入者。"
+              "`Ring(...)` 的关键字（`timeline`、`preempt_signal`、`preempt_grace`、`stall_warning`、"
+              "`debug_collectives`）优先于对应变量。表中的说明为英文，与代码同源。\n\n"
+              "<!-- generated from ringtrain.parallel.contract.VARIABLES: "
+              "python -m ringtrain.parallel.contract zh-CN > docs/environment.zh-CN.md -->\n\n"),
+}
+
+
+def environment_page(language: str = "en") -> str:
+    """docs/environment.md (or its zh-CN twin): the page, generated from ``VARIABLES``."""
+    return _PAGES[language] + environment_table(language)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(environment_page(sys.argv[1] if len(sys.argv) > 1 else "en"))
