@@ -140,13 +140,13 @@ class Ring:
             self.held.preemption = preemption
 
     # --- who and where ---------------------------------------------------------
-    rank = property(lambda self: self.strategy.rank)
-    local_rank = property(lambda self: self.strategy.local_rank)
-    world_size = property(lambda self: self.strategy.world_size)
-    node_rank = property(lambda self: self.strategy.node_rank)
-    device = property(lambda self: self.strategy.device)
-    is_main = property(lambda self: self.rank == 0)
-    is_local_main = property(lambda self: self.local_rank == 0)
+    rank = property(lambda self: self.strategy.rank, doc="This process's rank in the job: 0 .. world_size - 1.")
+    local_rank = property(lambda self: self.strategy.local_rank, doc="This process's rank on its node.")
+    world_size = property(lambda self: self.strategy.world_size, doc="The number of processes in the job.")
+    node_rank = property(lambda self: self.strategy.node_rank, doc="The index of this process's node.")
+    device = property(lambda self: self.strategy.device, doc="The device this process trains on (a torch.device).")
+    is_main = property(lambda self: self.rank == 0, doc="True on rank 0: the process that prints and writes.")
+    is_local_main = property(lambda self: self.local_rank == 0, doc="True on each node's local rank 0.")
 
     @property
     def accumulate(self) -> int:
@@ -337,14 +337,37 @@ class Ring:
         return extra
 
     # --- collectives: the strategy's (the identity on one process; reduce/gather: None off dst) -----
-    def all_reduce(self, x: Any, op: str = "mean") -> torch.Tensor: return self.strategy.all_reduce(x, op)
-    def reduce(self, x: Any, dst: int = 0, op: str = "mean"): return self.strategy.reduce(x, dst, op)
-    def all_gather(self, x: Any) -> torch.Tensor: return self.strategy.all_gather(x)
-    def gather(self, x: Any, dst: int = 0): return self.strategy.gather(x, dst)
-    def gather_object(self, obj: Any) -> list[Any]: return self.strategy.gather_object(obj)
-    def broadcast(self, x: Any, src: int = 0) -> torch.Tensor: return self.strategy.broadcast(x, src)
-    def broadcast_object(self, obj: Any, src: int = 0) -> Any: return self.strategy.broadcast_object(obj, src)
-    def barrier(self) -> None: self.strategy.barrier()
+    def all_reduce(self, x: Any, op: str = "mean") -> torch.Tensor:
+        """``x`` (a number or tensor) reduced over every rank by ``op`` ("mean", "sum", "max", "min", "product")."""
+        return self.strategy.all_reduce(x, op)
+
+    def reduce(self, x: Any, dst: int = 0, op: str = "mean"):
+        """``x`` reduced over every rank onto rank ``dst``; every rank calls it, the others get ``None``."""
+        return self.strategy.reduce(x, dst, op)
+
+    def all_gather(self, x: Any) -> torch.Tensor:
+        """Every rank's ``x`` concatenated along the first dimension, in rank order (sizes may differ)."""
+        return self.strategy.all_gather(x)
+
+    def gather(self, x: Any, dst: int = 0):
+        """``all_gather`` onto rank ``dst`` only; every rank calls it, the others get ``None``."""
+        return self.strategy.gather(x, dst)
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's picklable ``obj``, as a list in rank order, on every rank."""
+        return self.strategy.gather_object(obj)
+
+    def broadcast(self, x: Any, src: int = 0) -> torch.Tensor:
+        """Rank ``src``'s tensor ``x`` on every rank."""
+        return self.strategy.broadcast(x, src)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s picklable ``obj`` on every rank."""
+        return self.strategy.broadcast_object(obj, src)
+
+    def barrier(self) -> None:
+        """Wait until every rank has reached this call."""
+        self.strategy.barrier()
 
     # --- output and lifetime -----------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:

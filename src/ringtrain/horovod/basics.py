@@ -160,6 +160,7 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
+    """True once ``hvd.init()`` has run in this process."""
     return RUNTIME.initialized
 
 
@@ -171,51 +172,62 @@ def require_init() -> _Runtime:
 
 
 def size() -> int:
+    """The number of ranks in the job (Horovod's ``hvd.size()``)."""
     require_init()
     return GLOBAL.size()
 
 
 def rank() -> int:
+    """This process's rank in the job, 0 .. ``size() - 1``."""
     require_init()
     return GLOBAL.rank()
 
 
 def local_size() -> int:
+    """The number of ranks on this node."""
     return require_init().local_size
 
 
 def local_rank() -> int:
+    """This process's rank among the ranks of its node."""
     return require_init().local_rank
 
 
 def cross_size() -> int:
+    """The number of nodes that hold a rank of this process's local rank."""
     return require_init().cross_size
 
 
 def cross_rank() -> int:
+    """This process's node index among the nodes of ``cross_size()``."""
     return require_init().cross_rank
 
 
 def is_homogeneous() -> bool:
+    """True when every node runs the same number of ranks."""
     return require_init().homogeneous
 
 
 # --- what was built / what runs: answered from what torch provides -------------
 def mpi_built() -> bool:
+    """True when torch was built with MPI (``torch.distributed.is_mpi_available()``)."""
     return dist.is_available() and dist.is_mpi_available()
 
 
 def mpi_enabled() -> bool:
+    """True when this job runs on the MPI backend."""
     return RUNTIME.initialized and dist.is_initialized() and dist.get_backend() == "mpi"
 
 
 def mpi_threads_supported() -> bool:
+    """True under MPI; raises ``ValueError`` (Horovod's message) when MPI is not enabled."""
     if not mpi_enabled():
         raise ValueError("Horovod MPI is not enabled; Please make sure it's installed and enabled.")
     return True
 
 
 def gloo_built() -> bool:
+    """True when torch was built with Gloo."""
     return dist.is_available() and dist.is_gloo_available()
 
 
@@ -238,18 +250,22 @@ def nccl_built() -> int:
 
 
 def ddl_built() -> bool:
+    """False: IBM DDL is not one of torch's backends."""
     return False
 
 
 def ccl_built() -> bool:
+    """False: oneCCL is not one of the backends ringtrain runs on."""
     return False
 
 
 def cuda_built() -> bool:
+    """True when torch was built with CUDA."""
     return torch.version.cuda is not None
 
 
 def rocm_built() -> bool:
+    """True when torch was built with ROCm (HIP)."""
     return getattr(torch.version, "hip", None) is not None
 
 
@@ -278,6 +294,7 @@ def add_process_set(process_set) -> ProcessSet:
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set on every rank, collectively; True when it was registered."""
     return require_init().table.remove(process_set)
 
 

@@ -44,6 +44,7 @@ def _named(process_set, name, what: str, launch) -> Handle:
 # --- allreduce ---------------------------------------------------------------------
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=global_process_set) -> Handle:
+    """``allreduce`` started asynchronously: returns a handle for ``poll``/``synchronize``."""
     op = _op(op, average)
     return _named(process_set, name, "allreduce_async", lambda ps: comm.allreduce(
         tensor, op, prescale=prescale_factor, postscale=postscale_factor, process_set=ps, check=_checks(), name=name))
@@ -60,6 +61,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set) -> Handle:
+    """``allreduce_`` started asynchronously: returns a handle for ``poll``/``synchronize``."""
     op = _op(op, average)
     return _named(process_set, name, "allreduce_async_", lambda ps: comm.allreduce(
         tensor, op, prescale=prescale_factor, postscale=postscale_factor, process_set=ps, inplace=True,
@@ -68,11 +70,13 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
+    """``allreduce`` in place: the result is written into ``tensor``, which is returned."""
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                             process_set=global_process_set) -> Handle:
+    """``grouped_allreduce`` started asynchronously: returns a handle."""
     op = _op(op, average)
     return _named(process_set, name, "grouped_allreduce_async", lambda ps: comm.grouped_allreduce(
         tensors, op, prescale=prescale_factor, postscale=postscale_factor, process_set=ps, check=_checks(), name=name))
@@ -80,6 +84,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """``allreduce`` of a list of tensors as one operation; returns the reduced list."""
     op = _op(op, average)
     if not tensors:
         return []
@@ -91,6 +96,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                              process_set=global_process_set) -> Handle:
+    """``grouped_allreduce_`` started asynchronously: returns a handle."""
     op = _op(op, average)
     return _named(process_set, name, "grouped_allreduce_async_", lambda ps: comm.grouped_allreduce(
         tensors, op, prescale=prescale_factor, postscale=postscale_factor, process_set=ps, inplace=True,
@@ -99,6 +105,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                        process_set=global_process_set):
+    """``grouped_allreduce`` in place: each tensor of the list receives its result."""
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
                                                 process_set))
 
@@ -135,6 +142,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
 
 # --- allgather, broadcast, alltoall, reducescatter ------------------------------------
 def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
+    """``allgather`` started asynchronously: returns a handle for ``poll``/``synchronize``."""
     return _named(process_set, name, "allgather_async",
                   lambda ps: comm.allgather(tensor, process_set=ps, check=_checks(), name=name))
 
@@ -145,15 +153,18 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
+    """``grouped_allgather`` started asynchronously: returns a handle."""
     return _named(process_set, name, "grouped_allgather_async",
                   lambda ps: comm.grouped_allgather(tensors, process_set=ps, check=_checks(), name=name))
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """``allgather`` of a list of tensors as one operation; returns the gathered list."""
     return [allgather(t, name, process_set) for t in tensors]
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
+    """``broadcast`` started asynchronously: returns a handle for ``poll``/``synchronize``."""
     return _named(process_set, name, "broadcast_async",
                   lambda ps: comm.broadcast(tensor, root_rank, process_set=ps, check=_checks(), name=name))
 
@@ -164,15 +175,18 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
+    """``broadcast_`` started asynchronously: returns a handle."""
     return _named(process_set, name, "broadcast_async_", lambda ps: comm.broadcast(
         tensor, root_rank, process_set=ps, inplace=True, check=_checks(), name=name))
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """``broadcast`` in place: ``tensor`` receives ``root_rank``'s values and is returned."""
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
+    """``alltoall`` started asynchronously: returns a handle for ``poll``/``synchronize``."""
     return _named(process_set, name, "alltoall_async",
                   lambda ps: comm.alltoall(tensor, splits, process_set=ps, check=_checks(), name=name))
 
@@ -185,6 +199,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
                         postscale_factor=1.0) -> Handle:
+    """``reducescatter`` started asynchronously: returns a handle for ``poll``/``synchronize``."""
     return _named(process_set, name, "reducescatter_async", lambda ps: comm.reducescatter(
         tensor, op, prescale=prescale_factor, postscale=postscale_factor, process_set=ps, check=_checks(), name=name))
 
@@ -200,12 +215,14 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> Handle:
+    """``grouped_reducescatter`` started asynchronously: returns a handle."""
     return _named(process_set, name, "grouped_reducescatter_async", lambda ps: comm.grouped_reducescatter(
         tensors, op, prescale=prescale_factor, postscale=postscale_factor, process_set=ps, check=_checks(), name=name))
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """``reducescatter`` of a list of tensors as one operation; returns the list of this rank's parts."""
     return [reducescatter(t, name, compression, op, process_set, prescale_factor, postscale_factor) for t in tensors]
 
 
@@ -231,4 +248,5 @@ def join(device=-1) -> int:
 
 
 def barrier(process_set=global_process_set) -> None:
+    """Wait until every rank of the process set has reached this call."""
     comm.barrier(process_set=resolve(process_set), check=_checks())
