@@ -1,7 +1,7 @@
 """A step-based GPT training loop (nanoGPT's train.py, as tests/clients/nanogpt_train.py has it) converted to
 ringtrain: the same get_batch(), estimate_loss(), cosine learning rate and checkpoint, plus periodic checkpoints
-that a restart resumes exactly, and any strategy. The diff to the original is in the README ("From a script you
-already have"). Tiny model, synthetic tokens.
+that a restart resumes exactly, and any strategy. The diff to the original is in docs/from-a-script.md. Tiny model,
+synthetic tokens.
 
     python examples/gpt_steps.py --out_dir out                                   # one process
     ringtrain run --nproc-per-node 2 --max-restarts 1 examples/gpt_steps.py      # DDP; a killed rank resumes

@@ -9,7 +9,7 @@ Launch (from the repository's root; the scripts beside this one are what tests/c
     mpirun -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 python examples/cluster/train.py   # Open MPI
     kubectl apply -f examples/cluster/pytorchjob.yaml                          # Kubeflow (torchrun's PET_*)
 
-``rt.Ring()`` reads who it is from the launcher (README, "On a cluster"). ``--global-batch`` is the samples per
+``rt.Ring()`` reads who it is from the launcher (docs/cluster.md). ``--global-batch`` is the samples per
 optimizer step over all processes: the job trains the same parameters on any number of them (one process
 accumulates). ``--checkpoint-dir`` (on a file system every node sees) makes it resumable: ``scancel
 --signal=TERM`` (or any SIGTERM) saves the step the job is at and exits 75; ``--requeue`` then puts the Slurm job

@@ -56,7 +56,7 @@ class Ring:
     ``RINGTRAIN_STALL_WARNING``; None: never); ``timeline`` (a folder, or ``RINGTRAIN_TIMELINE``: one Chrome trace of
     every rank and a picture). A rank that fails, or finishes while others wait for it, ends the job in seconds, named
     on every rank (liveness/membership.py). Log: ``log_dir`` (``ring.log``'s run folder) and ``log_with`` (``"wandb"``,
-    ``"mlflow"``; TensorBoard whenever installed). The README's user guide has the details.
+    ``"mlflow"``; TensorBoard whenever installed). docs/observing.md has the details.
     """
 
     def __init__(

@@ -19,7 +19,7 @@ from _launch_util import child_env
 
 from ringtrain.bench import estimate
 
-# The README's benches that train on a CPU (the --comm ones measure for seconds and say nothing up front).
+# docs/performance.md's benches that train on a CPU (the --comm ones measure for seconds and say nothing up front).
 LONG = ["--workload", "cifar-resnet18", "--nprocs", "1,2,4", "--precision", "32,bf16-mixed"]
 
 

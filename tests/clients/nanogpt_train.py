@@ -8,7 +8,7 @@ best_val_loss. Tiny model, synthetic tokens (nothing is downloaded).
     torchrun --standalone --nproc_per_node=2 tests/clients/nanogpt_train.py --out_dir out
     ringtrain run --nproc-per-node 2 tests/clients/nanogpt_train.py --out_dir out
 
-examples/gpt_steps.py is this script converted to ringtrain (README, "From a script you already have").
+examples/gpt_steps.py is this script converted to ringtrain (docs/from-a-script.md).
 """
 
 import argparse

@@ -8,7 +8,7 @@ from the global RNG; ``X, Y = get_batch('train')`` once before the loop and agai
 prefetch), ``estimate_loss`` drawing random batches of both splits every ``EVAL`` steps, dropout in the model.
 ``--loop shards`` is build-nanogpt's train_gpt2.py loop: a ``DataLoaderLite`` walking token shards with its own
 position (each rank at its own offset), given ``state_dict``/``load_state_dict``, drawn at the top of each
-micro-step, a validation loader reset at each evaluation. Converted as the README says: ``get_batch =
+micro-step, a validation loader reset at each evaluation. Converted as docs/exact-resume.md says: ``get_batch =
 ring.batches(get_batch)`` (prefetch) or ``ring.keep(train_loader)`` (shards) — ``--plain`` leaves that one line out,
 the script as a user converts it who missed it. ``--kill-at N``: rank 1 SIGKILLs itself at its N-th
 ``ring.backward`` of the first attempt. Writes OUT/params.pt (rank 0) and OUT/losses.rank{r}.json.

@@ -70,7 +70,7 @@ def _two_nodes(tmp_path: Path, *options: str, node0_output: bool = True) -> tupl
     port = str(free_port())
     common = ["run", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
               "--master-port", port, "--timeout", "60", *options]
-    # Both nodes share one secret, as the user sets it on every machine (README, "Security").
+    # Both nodes share one secret, as the user sets it on every machine (docs/security.md).
     env = child_env(RINGTRAIN_JOB_SECRET="test-secret-shared-by-both-nodes", RINGTRAIN_STALL_WARNING="off")
     output = subprocess.PIPE if node0_output else subprocess.DEVNULL
     node0 = subprocess.Popen(ringtrain_cmd(*common, "--node-rank", "0", str(script), str(tmp_path)),

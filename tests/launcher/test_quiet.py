@@ -66,7 +66,7 @@ def test_the_users_own_thread_count_stands(tmp_path):
 
 
 def test_two_nodes_on_one_machine_share_its_cores(tmp_path):
-    # The README's "two nodes, tried on one machine": one command (-H), and two terminals.
+    # docs/launching.md's "two nodes, tried on one machine": one command (-H), and two terminals.
     script = str(write(tmp_path / "t.py", THREADS))
     together = run_ringtrain("run", "-np", "2", "-H", "localhost:1,127.0.0.1:1", script, env=_env(), timeout=120)
     assert together.returncode == 0, outputs(together)

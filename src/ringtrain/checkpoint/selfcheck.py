@@ -169,7 +169,7 @@ class LossRecord:
                 f"loss is {now!r}, where the run before the restart had {before!r} (recorded in {self.path})")
         if self.rank != 0:  # rank 0 says why when it parts too; a rank that parts alone still says what to do
             return (line + ".\nHINT: wrap a prefetching draw with ring.batches, hand a loader object of the script's "
-                    "own to ring.keep (README: \"Exact resume\").")
+                    "own to ring.keep (docs/exact-resume.md).")
         return line + (
             f". Resumed from the checkpoint of step {self.first_step}, it should repeat that run exactly; something "
             "the script holds was not in the checkpoint. Likely: a batch drawn before the checkpoint and trained after "

@@ -191,7 +191,7 @@ def _execute(plan: Plan) -> int:
         print(f"ringtrain run: warning: --master-addr {plan.master_addr} is not a loopback address: this one-node "
               "job's store (and Gloo) listen on every interface, where any machine that reaches them can read the "
               "job's keys and connect to its ranks.\nHINT: leave --master-addr out (127.0.0.1) unless another "
-              "node must join; see README.md, \"Security\".", file=sys.stderr, flush=True)
+              "node must join; see docs/security.md.", file=sys.stderr, flush=True)
 
     store = None  # node 0's TCPStore, held open until the job ends
     port = plan.master_port

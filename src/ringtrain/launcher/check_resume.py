@@ -79,7 +79,7 @@ def run(plan: Any, step: int, execute: Callable[[Any], int]) -> int:
     _say(f"NOT exact: resumed from step {step}, {found}. The runs are in {root}.\nHINT: wrap a prefetching draw "
          "once — `get_batch = ring.batches(get_batch)` —, hand loader objects of the script's own (with "
          "state_dict()/load_state_dict()) to ring.keep, keep other per-rank values in ring.extras, and draw random "
-         "numbers from the global generators after ring.setup (README: \"Exact resume\").")
+         "numbers from the global generators after ring.setup (docs/exact-resume.md).")
     return 1
 
 

@@ -18,7 +18,7 @@ on two cores started without a word. Here:
 * ``threads_per_worker`` — ``OMP_NUM_THREADS`` for the workers when it is unset: the usable cores
   shared by every rank this machine runs. torchrun sets 1 for more than one worker per node (and
   prints four lines saying so), and nothing for one: two one-worker "nodes" on one 2-core machine
-  (the README's recipe) then ran 4 threads on 2 cores, 233 ms a step against 19 ms with 1 thread.
+  (docs/launching.md's recipe) then ran 4 threads on 2 cores, 233 ms a step against 19 ms with 1 thread.
 
 Only the ``env_info`` functions look at the machine; tests replace them to play another one.
 """

@@ -108,7 +108,7 @@ with a ``checkpoint_dir`` saves the step it is at and exits 75, and ``ringtrain 
 (EX_TEMPFAIL) with ``preempted ... at step N``: run the same command again to resume there.
 ``--preempt-signal USR1`` adds a signal sent ahead of the end (Slurm's ``--signal=USR1@90``; the stack
 request moves to SIGUSR2); ``--preempt-grace SECONDS`` is the time left before SIGKILL (rings warn when a
-checkpoint takes longer; the agent waits this long for the workers). See README.md, "Preemption".
+checkpoint takes longer; the agent waits this long for the workers). See docs/failures.md, "Preemption".
 
 Horovod scripts
 ---------------
@@ -392,7 +392,7 @@ Without one, a multi-node job runs unsealed, with a warning: secrets made per no
 not check one another's posts. The seal does not hide the keys (anyone who reaches the store
 reads them), stop a client from deleting or overwriting real posts, or protect Gloo/NCCL
 traffic and pickled objects; processes of the same user can read the secret from
-``/proc``. README.md, "Security", has the whole threat model.
+``/proc``. docs/security.md has the whole threat model.
 
 Checkpoints are read with ``weights_only=True``.
 """

@@ -226,7 +226,7 @@ class Board:
             self._binding.refused = True
             print(f"ringtrain: ignored the hellos on the job's store under {self._full('hello/')!r}: {whose} "
                   "(copied there from another job's store?); the job's board is not read.\nHINT: another process "
-                  "that reaches the job's store wrote them; see README.md, \"Security\".", file=sys.stderr,
+                  "that reaches the job's store wrote them; see docs/security.md.", file=sys.stderr,
                   flush=True)
         return fresh
 

@@ -32,7 +32,7 @@ launcher says so. A process that holds no secret (plain torchrun, srun, ``rt.lau
 writes and accepts unsealed posts: nothing changes there.
 
 What this does not do: encrypt (anyone who reaches the store still reads every key), protect Gloo's
-or NCCL's sockets, or make unpickled objects (``all_gather_object``) safe — README.md, "Security".
+or NCCL's sockets, or make unpickled objects (``all_gather_object``) safe — docs/security.md.
 Torch-free: the launcher uses it before torch is imported.
 """
 
@@ -225,5 +225,5 @@ def job_secret(multi_node: bool, environ: Mapping[str, str] = os.environ,
             return loopback_secret(), None
     return None, (f"ringtrain run: warning: this multi-node job's board is not sealed: any process that reaches "
                   f"the master port can post a fake failure that ends the job.\nHINT: set {SECRET_ENV} (or "
-                  f"{SECRET_FILE_ENV}, a file holding it) to the same secret on every node; see README.md, "
-                  "\"Security\".")
+                  f"{SECRET_FILE_ENV}, a file holding it) to the same secret on every node; see "
+                  "docs/security.md.")
