@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.ringtrain-installed
 
 GPU_CHECK_OUT ?= gpu-check-report
 
-.PHONY: demo test test-fast test-stress test-load test-hosts test-cluster test-gpu gpu-check bench-overhead install clean
+.PHONY: demo test test-fast test-stress test-load test-hosts test-cluster test-gpu gpu-check bench-overhead docs docs-check install clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,7 +35,7 @@ test: $(STAMP)
 
 # The edit loop (about a minute on 2 cores): the layer rules, every in-process unit test, and a few
 # multi-process ones (the Ring, checkpoint files, DDP's comm hooks). `make test` is what CI runs.
-FAST_TESTS = tests/test_layers.py tests/test_ring.py tests/doctor tests/parallel tests/loop/test_optim.py \
+FAST_TESTS = tests/test_layers.py tests/test_docs.py tests/test_readme.py tests/test_ring.py tests/doctor tests/parallel tests/loop/test_optim.py \
 	tests/loop/test_precision.py tests/loop/test_data.py tests/liveness/test_procs.py tests/liveness/test_activity.py \
 	tests/liveness/test_seal.py tests/liveness/test_failures.py tests/liveness/test_membership.py \
 	tests/checkpoint/test_untrusted.py tests/checkpoint/test_before_the_move.py tests/checkpoint/test_policy.py \
@@ -97,6 +97,15 @@ test-gpu: $(STAMP)
 # Without a GPU it reports "no GPU: skipped" and succeeds. See scripts/gpu_check.sh.
 gpu-check:
 	PYTHON="$(PYTHON)" scripts/gpu_check.sh "$(GPU_CHECK_OUT)"
+
+# The API reference, docs/api.md, is written from the public names' docstrings (scripts/api_reference.py, plain
+# inspect); tests/test_docs.py fails when it is not what they say, or when a relative link of the guide leads nowhere.
+docs: $(STAMP)
+	$(PY) scripts/api_reference.py
+
+docs-check: $(STAMP)
+	$(PY) scripts/api_reference.py --check
+	$(PY) -m pytest -q tests/test_docs.py tests/test_readme.py
 
 bench-overhead: $(STAMP)
 	$(PY) benchmarks/overhead.py

@@ -1,5 +1,6 @@
-"""The READMEs, as a newcomer reads them (issue 33): README.md and README.zh-CN.md have the same sections, and
-the install section of each names every extra of pyproject.toml with what it installs."""
+"""The READMEs and the guide, as a newcomer reads them: README.md and README.zh-CN.md have the same sections, and
+so has every page of docs/ and its zh-CN twin; the install section of each README names every extra of
+pyproject.toml with what it installs."""
 
 from __future__ import annotations
 
@@ -14,12 +15,22 @@ READMES = [ROOT / "README.md", ROOT / "README.zh-CN.md"]
 
 def _headings(path: Path) -> list[str]:
     text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)  # a comment in a code block is no heading
-    return [line.split()[0] for line in text.splitlines() if re.match(r"#{1,3} ", line)]
+    return [line.split()[0] for line in text.splitlines() if re.match(r"#{1,4} ", line)]
 
 
-def test_both_readmes_have_the_same_sections():
-    english, chinese = map(_headings, READMES)
-    assert english == chinese
+# Each English page with its Chinese twin: the READMEs, and every docs/X.md that has a docs/X.zh-CN.md.
+PAIRS = [tuple(READMES)] + [(p, p.with_name(p.stem + ".zh-CN.md")) for p in sorted((ROOT / "docs").glob("*.md"))
+                            if not p.stem.endswith(".zh-CN") and p.with_name(p.stem + ".zh-CN.md").exists()]
+
+
+@pytest.mark.parametrize("english, chinese", PAIRS, ids=lambda p: p.name)
+def test_a_page_and_its_translation_have_the_same_sections(english, chinese):
+    assert _headings(english) == _headings(chinese)
+
+
+def test_the_guide_pages_that_the_readme_held_have_their_twins():
+    pages = {p.stem for p, _ in PAIRS}
+    assert {"from-a-script", "launching", "failures", "security", "big-models", "observing"} <= pages
 
 
 def _extras() -> dict[str, list[str]]:
