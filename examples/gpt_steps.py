@@ -5,7 +5,7 @@ synthetic tokens.
 
     python examples/gpt_steps.py --out_dir out                                   # one process
     ringtrain run --nproc-per-node 2 --max-restarts 1 examples/gpt_steps.py      # DDP; a killed rank resumes
-    RINGTRAIN_STRATEGY=fsdp ringtrain run --nproc-per-node 2 examples/gpt_steps.py   # FSDP
+    RINGTRAIN_STRATEGY=fsdp ringtrain run --nproc-per-node 2 examples/gpt_steps.py --out_dir out-fsdp   # FSDP
 """
 
 import argparse
