@@ -135,6 +135,8 @@ def test_ringtrain_run_timeline(tmp_path):
                          env=child_env(), cwd=tmp_path)
     assert proc.returncode == 0, outputs(proc)
     assert "timeline of 2 rank(s)" in proc.stderr, outputs(proc)
+    # The rank that merged at exit drew no picture; the launcher drew it: no line asks the user to draw it.
+    assert "draws it" not in proc.stderr and "timeline.png" in proc.stderr, outputs(proc)
     trace = load(folder / "timeline.json")
     assert sorted(lanes(trace)) == [0, 1]
     check_buckets(trace, 4)

@@ -372,8 +372,9 @@ def merge_parts(folder: str, name: str, parts: dict[int, dict], world_size: int 
             picture = timeline_png(parts, os.path.join(folder, f"{name}.png"))
         except RingtrainError as e:  # matplotlib is there but does not import: the trace stands alone
             lacking = str(e)
-    drawn = f", {picture}" if picture else f"; no picture: {lacking}" if lacking else \
-        f" (`ringtrain timeline {folder}` draws it)"
+    # Not drawn at a bounded exit (png=False): under `ringtrain run` the launcher draws it next and says so, so a
+    # hint to draw it by hand here contradicted the line after it.
+    drawn = f", {picture}" if picture else f"; no picture: {lacking}" if lacking else ""
     _say(f"timeline of {len(parts)} rank(s) -> {path}{drawn}{note}")
     return path, picture
 
