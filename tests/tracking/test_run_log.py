@@ -90,3 +90,32 @@ def test_default_folders():
     assert default_folder(None, "out/ckpt/") == "out/ckpt-log"  # a restarted job finds it again
     made = default_folder(None, None)
     assert made.startswith(os.path.join("runs", "")) and made.count("-") >= 2
+
+
+BAR_AND_LOG = """
+import torch, torch.nn.functional as F
+import ringtrain as rt
+ring = rt.Ring(device="cpu", seed=0, log_dir={folder!r})
+net = torch.nn.Linear(4, 2)
+net, opt = ring.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+for x, y in ring.progress(ring.loader(data, batch_size=4)):
+    loss = F.cross_entropy(net(x), y)
+    ring.backward(loss); opt.step(); opt.zero_grad()
+    if ring.optimizer_steps % 4 == 0:
+        ring.log({{"loss": loss}})
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_logging_to_line_is_a_line_of_its_own_under_the_progress_bar(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(BAR_AND_LOG.format(folder=str(tmp_path / "run")))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(line for line in proc.stderr.split("\n") if "logging to" in line)
+    # What the terminal shows of that line is what follows its last carriage return: the bar was cleared first.
+    assert line.split("\r")[-1].startswith("ringtrain: logging to"), repr(line)

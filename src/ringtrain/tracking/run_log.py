@@ -24,6 +24,8 @@ import sys
 import time
 from typing import Any, Mapping
 
+from tqdm import tqdm
+
 from ..errors import RingtrainError
 from ..liveness.activity import Activity
 from . import adapter, reduce as reducing
@@ -107,8 +109,11 @@ class RunLog:
         resumed = f"; continuing after step {rewind}" if rewind else ""
         gone = (f" ({dropped} row(s) the run before logged past that step dropped: those steps are trained again)"
                 if dropped else "")
-        print(f"ringtrain: logging to {self.folder} (metrics.csv{''.join(', ' + b for b in self.backends)}){resumed}{gone}",
-            file=sys.stderr, flush=True)
+        # tqdm's write clears a progress bar (ring.progress) first and draws it again below: a plain print landed
+        # inside the bar's line.
+        tqdm.write(f"ringtrain: logging to {self.folder} (metrics.csv{''.join(', ' + b for b in self.backends)})"
+                   f"{resumed}{gone}", file=sys.stderr)
+        sys.stderr.flush()
 
     def close(self) -> None:
         """Put everything on disk; the log reopens (continuing the files) if ``ring.log`` is called again."""
