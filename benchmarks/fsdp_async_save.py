@@ -47,10 +47,10 @@ def run(width: int, depth: int, batch: int, steps: int, save_every: int, folder:
     times, kinds = [], []
     it = iter(loader)
     for _ in range(steps):
-        saving_before = ring.resumer.saving
+        saving_before = ring._resumer.saving
         start = time.perf_counter()
         x, y = next(it)  # a due save starts here, before this batch is handed out
-        launched = ring.resumer.saving and not saving_before
+        launched = ring._resumer.saving and not saving_before
         if sync and save_every and ring.optimizer_steps and ring.optimizer_steps % save_every == 0:
             ring.save(os.path.join(folder, f"sync-{ring.optimizer_steps}"), model=model, optimizer=optimizer)
             launched = True  # the same point, written before the step goes on (ring.save, sharded)
@@ -58,9 +58,9 @@ def run(width: int, depth: int, batch: int, steps: int, save_every: int, folder:
         optimizer.step()
         optimizer.zero_grad()
         times.append(time.perf_counter() - start)
-        kinds.append("launch" if launched else "in flight" if ring.resumer.saving or saving_before else "normal")
-    ring.resumer.flush()
-    saver = ring.resumer._async  # the ring's writer: how long its last save's two parts took
+        kinds.append("launch" if launched else "in flight" if ring._resumer.saving or saving_before else "normal")
+    ring._resumer.flush()
+    saver = ring._resumer._async  # the ring's writer: how long its last save's two parts took
     ring.close()
     return {"times": times, "kinds": kinds, "staging_s": getattr(saver, "staging_s", 0.0),
             "write_s": getattr(saver, "write_s", 0.0)}

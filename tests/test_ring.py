@@ -224,3 +224,41 @@ def test_evaluation_on_rank_zero_alone_through_the_ddp_model_runs_no_collective(
     with_eval = run_ranks(jobs.eval_on_rank_zero_only, True)[0]
     without = run_ranks(jobs.eval_on_rank_zero_only, False)[0]
     assert torch.equal(with_eval, without)
+
+
+def test_the_ring_shows_what_a_script_uses_and_ends_one_way(tmp_path):
+    """Public: the strategy and the environment (and the documented methods and properties); what the Ring holds to
+    drive them is private. close() and the end of a with block are one sequence: the folder is given back either
+    way, an error on its way out included."""
+    ring = rt.Ring(seed=0)
+    assert sorted(k for k in vars(ring) if not k.startswith("_")) == ["env", "strategy"]
+    assert ring.mesh is None  # asked of the strategy, not probed
+    ring.close()
+    for end in ("close", "with", "error"):
+        folder = str(tmp_path / end)
+        ring = rt.Ring(checkpoint_dir=folder, save_every=1)
+        if end == "close":
+            ring.close()
+        elif end == "with":
+            with ring:
+                pass
+        else:
+            with pytest.raises(ValueError), ring:
+                raise ValueError("the loop failed")
+        rt.Ring(checkpoint_dir=folder, save_every=1).close()  # the folder was given back: a new ring takes it
+
+
+def test_import_is_torch_free_and_the_ring_loads_no_pipelining():
+    """``import ringtrain`` imports no torch; ``rt.Ring`` after ``import torch`` does not load
+    torch.distributed.pipelining (nor torch._dynamo with it): a pipeline loads it when it builds a schedule."""
+    code = textwrap.dedent("""
+        import sys
+        import ringtrain as rt
+        assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))
+        import torch
+        rt.Ring, rt.strategies.Pipeline
+        print(sorted(m for m in sys.modules if m.startswith(("torch.distributed.pipelining", "torch._dynamo"))))
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]", res.stdout

@@ -59,6 +59,7 @@ class Ring:
     ``"mlflow"``; TensorBoard whenever installed). docs/observing.md has the details.
     """
 
+    @strategies.refusing_moved_keywords  # Ring(stages=...) of ringtrain 0.1: an error with the new spelling
     def __init__(
         self,
         strategy: str | Strategy = "auto",
@@ -90,54 +91,53 @@ class Ring:
         preempt_signal: Any = None,
         preempt_grace: float | None = None,
         requeue: bool = False,
-        **deprecated: Any,  # stages=, microbatches=, schedule=, split_at=, compression= (see strategies.resolve)
     ):
         env = environments.with_explicit(environments.detect(), world_size, rank)
-        self.strategy = strategies.resolve(strategy, env, init_method=init_method, **deprecated)
+        self.strategy = strategies.resolve(strategy, env, init_method=init_method)
         self.strategy.attach(env, GroupOptions.of(device=device, backend=backend, init_method=init_method,
                                                   timeout=timeout, stall_warning=stall_warning))
-        self.activity = self.strategy.activity  # what this rank's main thread reports; its watchdog reads it
+        self._activity = self.strategy.activity  # what this rank's main thread reports; its watchdog reads it
         self.env = env
         # Everything the arguments can get wrong is checked before joining the group.
         checkpoints = Resumer.checkpoint_dir(checkpoint_dir, save_every, keep_last, resume)
-        self.step_state = Step(accumulate, Resumer.save_every_of(save_every))
+        self._step = Step(accumulate, Resumer.save_every_of(save_every))
         self._global_batch = Held.check_global_batch(global_batch)
         if global_batch is not None and accumulate != 1:
             raise RingtrainError(f"Ring got both accumulate={accumulate} and global_batch={global_batch}",
                                  "give one: global_batch sets accumulate from the per-device batch and the world size.")
         precision = precisions.canonical(precision)
-        self.nonfinite = NonFiniteGuard(nonfinite, self.strategy)
+        self._nonfinite = NonFiniteGuard(nonfinite, self.strategy)
         self.strategy.configure(accumulate=accumulate, nonfinite=nonfinite, sync_batchnorm=sync_batchnorm)
         selfcheck.tolerance_of(resume_tolerance, torch.device("cpu"), deterministic)  # checked before the group forms
         preemption = preempts.of(checkpoint_dir, preempt_signal, preempt_grace, requeue)
-        self._log = tracking.RunLog(log_dir, log_with, checkpoint_dir, self.activity)
+        self._log = tracking.RunLog(log_dir, log_with, checkpoint_dir, self._activity)
         timeline = timelines.ring_target(timeline)
         self.strategy.setup_environment()
-        self._timeline = timelines.start_for_ring(timeline, env, self.activity)
-        self.precision = precisions.Precision(precision, self.device)  # the device is claimed now
+        self._timeline = timelines.start_for_ring(timeline, env, self._activity)
+        self._precision = precisions.Precision(precision, self.device)  # the device is claimed now
         if (checks := collective_checks_of(debug_collectives)) is not None:
             self.strategy.enable_collective_checks(checks)
-        self.seed = seed if seed is None else seed_everything(seed)
-        self.sync_batchnorm = sync_batchnorm
+        self._seed = seed if seed is None else seed_everything(seed)
+        self._sync_batchnorm = sync_batchnorm
         configure_kernels(deterministic, cudnn_benchmark)
         # What the loop holds (models, optimizers, loaders, the epoch): written here, read by the checkpoints.
         replicas = self.strategy.data_parallel_size
-        self.held = Held(self.step_state, self.precision.scaler, nonfinite=self.nonfinite,
-                         devices=replicas * self.strategy.devices_per_process,
-                         stages=self.world_size // replicas if isinstance(self.strategy, PipelineSchedule) else 1,
-                         extras=values.Extras())
+        self._held = Held(self._step, self._precision.scaler, nonfinite=self._nonfinite,
+                          devices=replicas * self.strategy.devices_per_process,
+                          stages=self.world_size // replicas if isinstance(self.strategy, PipelineSchedule) else 1,
+                          extras=values.Extras())
         self._remaining_batches: int | None = None
-        self._window = NoSyncWindow(self.step_state, getattr(self.strategy, "no_sync", None),
-                                    lambda: self._remaining_batches)
-        self._scaler_steps = ScalerSteps(self.precision.scaler)
-        self.step_state.on_new_window(self._scaler_steps.update)
+        no_sync = self.strategy.no_sync if isinstance(self.strategy, BackwardSyncControl) else None
+        self._window = NoSyncWindow(self._step, no_sync, lambda: self._remaining_batches)
+        self._scaler_steps = ScalerSteps(self._precision.scaler)
+        self._step.on_new_window(self._scaler_steps.update)
         self._last_loss: torch.Tensor | None = None
         self._replaced = ReplacedParameters()  # parameters a strategy replaced: an optimizer still on them is named
-        self._plain_loaders = PlainLoaders(self.strategy, self.held, self.print)
-        self.resumer = Resumer(self.strategy, self.held, checkpoints, resume,  # takes the folder
-                               selfcheck.tolerance_of(resume_tolerance, self.device, deterministic))
+        self._plain_loaders = PlainLoaders(self.strategy, self._held, self.print)
+        self._resumer = Resumer(self.strategy, self._held, checkpoints, resume,  # takes the folder
+                                selfcheck.tolerance_of(resume_tolerance, self.device, deterministic))
         if preemption is not None and preemption.install():  # from here on, SIGTERM is answered at a safe point
-            self.held.preemption = preemption
+            self._held.preemption = preemption
 
     # --- who and where ---------------------------------------------------------
     rank = property(lambda self: self.strategy.rank, doc="This process's rank in the job: 0 .. world_size - 1.")
@@ -152,22 +152,22 @@ class Ring:
     def accumulate(self) -> int:
         """Micro-batches per optimizer step; settable before the first ``ring.backward`` (a script that derives it
         from the world size: ``ring.accumulate = steps // ring.world_size``)."""
-        return self.step_state.k
+        return self._step.k
 
     @accumulate.setter
     def accumulate(self, k: int) -> None:
-        self.step_state.set_k(k)
-        self.strategy.accumulate_changed(k, self.held.optimizers)
+        self._step.set_k(k)
+        self.strategy.accumulate_changed(k, self._held.optimizers)
 
-    optimizer_steps = property(lambda self: self.step_state.optimizer_steps,
+    optimizer_steps = property(lambda self: self._step.optimizer_steps,
                                doc="Optimizer steps taken (accumulation boundaries), counting steps the scaler skipped.")
-    sync_now = property(lambda self: self.step_state.sync_now,
+    sync_now = property(lambda self: self._step.sync_now,
                         doc="Did the last ``ring.backward`` end an accumulation window (so the optimizer steps now)?")
-    epoch = property(lambda self: self.held.epoch, doc="The epoch ``ring.epochs`` is in, or None outside it.")
-    mesh = property(lambda self: getattr(self.strategy, "mesh", None),
+    epoch = property(lambda self: self._held.epoch, doc="The epoch ``ring.epochs`` is in, or None outside it.")
+    mesh = property(lambda self: self.strategy.mesh,
                     doc="The job's DeviceMesh (named dimensions: dp_replicate, dp_shard, pp, tp), or None on one process.")
 
-    global_batch_size = property(lambda self: self.held.global_batch, doc=Held.global_batch.__doc__)
+    global_batch_size = property(lambda self: self._held.global_batch, doc=Held.global_batch.__doc__)
 
     def __repr__(self) -> str:
         return f"Ring(strategy={self.strategy!r}, rank={self.rank}/{self.world_size}, device={self.device})"
@@ -180,35 +180,35 @@ class Ring:
         The optimizer (same object) steps and zeroes gradients on accumulation boundaries only, through the fp16
         scaler; the scheduler steps after a real step. ``options`` go to the strategy that understands them."""
         strategies.check_setup(self.strategy, model, optimizer, scheduler, options)
-        if self.sync_batchnorm:
+        if self._sync_batchnorm:
             model = convert_sync_batchnorm(model)
         self.strategy.check_same_model(model)
         mine = {k: v for k, v in options.items() if k in self.strategy.MODULE_OPTIONS}
         originals = dict(model.named_parameters())
-        wrapped = self.strategy.setup_module(model, self.precision, **mine)
+        wrapped = self.strategy.setup_module(model, self._precision, **mine)
         # FSDP puts shards in place of the parameters, the meta device real tensors: the optimizer follows.
         replaced = self._replaced.swap(originals, self.strategy.named_parameters(wrapped), given=optimizer)
-        self.held.add_model(wrapped, self.strategy.unwrap(wrapped))
+        self._held.add_model(wrapped, self.strategy.unwrap(wrapped))
         if isinstance(self.strategy, BackwardSyncControl):
             self._window.attach(wrapped)  # no_sync inside windows (ring.accumulate may still be set before training)
-        if self.seed is not None:
+        if self._seed is not None:
             # Same weights everywhere came from the shared seed (and the strategy's broadcast); from here on
             # each rank draws its own random stream (dropout, augmentation), a TP group one (seed_rank).
-            seed_everything(self.seed + self.strategy.seed_rank)
-        suffix = str(len(self.held.models) - 1) if len(self.held.models) > 1 else ""
+            seed_everything(self._seed + self.strategy.seed_rank)
+        suffix = str(len(self._held.models) - 1) if len(self._held.models) > 1 else ""
         targets: dict[str, Any] = {f"model{suffix}": wrapped}
         if optimizer is not None:
             replace_parameters(optimizer, replaced)
             optimizer = self.strategy.setup_optimizer(optimizer, wrapped)
             move_optimizer_state(optimizer, self.device)
-            optimizer = wrap_optimizer(optimizer, self.step_state, self._scaler_steps, self.strategy.step_context,
-                                       self.activity)
-            self.held.add_optimizer(optimizer, wrapped)
+            optimizer = wrap_optimizer(optimizer, self._step, self._scaler_steps, self.strategy.step_context,
+                                       self._activity)
+            self._held.add_optimizer(optimizer, wrapped)
             targets[f"optimizer{suffix}"] = optimizer
         if scheduler is not None:
-            scheduler = RingScheduler(scheduler, self.step_state)
+            scheduler = RingScheduler(scheduler, self._step)
             targets[f"scheduler{suffix}"] = scheduler
-        self.resumer.track(targets)
+        self._resumer.track(targets)
         self._log.resume_from(self.optimizer_steps)  # rows a killed run logged past its checkpoint are redone
         return (wrapped,) + tuple(t for t in (optimizer, scheduler) if t is not None) if optimizer is not None else wrapped
 
@@ -220,25 +220,25 @@ class Ring:
         made = make_loader(
             dataset, batch_size=batch_size * self.strategy.devices_per_process, shuffle=shuffle, drop_last=drop_last,
             exact=exact, rank=self.strategy.data_parallel_rank, world_size=self.strategy.data_parallel_size,
-            seed=self.seed or 0, device=self.device, activity=self.activity, **dataloader_kwargs,
+            seed=self._seed or 0, device=self.device, activity=self._activity, **dataloader_kwargs,
         )
         made.per_device_batch = batch_size
         if not exact:
             made.listener = self._note_loader
         first_training = not exact and self.global_batch_size is None
         if first_training and self._global_batch is not None:
-            self.accumulate = self.held.accumulate_for(self._global_batch, batch_size)
-        self.held.loaders.append(made)
+            self.accumulate = self._held.accumulate_for(self._global_batch, batch_size)
+        self._held.loaders.append(made)
         if first_training:
-            self.print(f"ringtrain: global batch {self.global_batch_size} = {self.held.batch_terms(batch_size)} x "
+            self.print(f"ringtrain: global batch {self.global_batch_size} = {self._held.batch_terms(batch_size)} x "
                        f"{self.accumulate} accumulation step(s)")
-        self.resumer.add_loader(made)
+        self._resumer.add_loader(made)
         return made
 
     def epochs(self, n: int, start: int = 0) -> Iterator[int]:
         """``range(start, n)``, setting the epoch on every loader of this ring; resumes after ``ring.load``. The top
         of each iteration is a safe point (see ``steps``)."""
-        return loops.epochs(self.held, self.activity, self.resumer, n, start)
+        return loops.epochs(self._held, self._activity, self._resumer, n, start)
 
     def steps(self, n: int) -> Iterator[int]:
         """The optimizer-step numbers, from the one a resumed run continues at, up to ``n``: the loop of a script
@@ -246,24 +246,24 @@ class Ring:
         safe point: a due periodic save is written there (a resumed run then repeats exactly what came after it —
         evaluation, logging, random draws), a checkpoint's random state is put back there, and a preemption is
         answered there. Each iteration is one optimizer step: its ring.backward calls, then optimizer.step()."""
-        return loops.steps(self.held, self.resumer, n)
+        return loops.steps(self._held, self._resumer, n)
 
     def keep(self, obj: Any, name: str | None = None) -> Any:
         """``obj`` (with ``state_dict()``/``load_state_dict()``: the script's own loader, a sampler, an EMA) rides in
         every checkpoint, each rank's own state, and is loaded back on resume; returns it (checkpoint/per_rank.py)."""
-        self.resumer.keep(obj, name)
+        self._resumer.keep(obj, name)
         return obj
 
     def batches(self, draw: Any) -> DrawnBatches:
         """``get_batch = ring.batches(get_batch)``: a batch drawn before a checkpoint and trained after it (a prefetch)
         rides in the checkpoint, and a resumed run's first such call gets it back (loop/batches.py)."""
-        drawn = DrawnBatches(draw, len(self.held.batches))
-        self.resumer.add_batches(drawn)
+        drawn = DrawnBatches(draw, len(self._held.batches))
+        self._resumer.add_batches(drawn)
         return drawn
 
     def _note_loader(self, made: RingLoader) -> None:  # a ring loader hands out a batch: the last step is done
         self._remaining_batches = made.remaining()
-        self.resumer.safe_point()
+        self._resumer.safe_point()
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` done right for accumulation and precision: divides the loss by the accumulation window,
@@ -274,15 +274,15 @@ class Ring:
                 "ring.backward under strategy='pipeline': no rank holds the whole model's output",
                 "train with loss = ring.pipeline_step(x, y, loss_fn); it runs forward and backward.",
             )
-        self.step_state.check_lr(self.held.optimizers)
-        self.resumer.safe_point(late=True)  # a loop with no safe point of its own (see steps)
+        self._step.check_lr(self._held.optimizers)
+        self._resumer.safe_point(late=True)  # a loop with no safe point of its own (see steps)
         self._plain_loaders.first_backward()  # a plain DataLoader under data parallelism: said once
-        skip = self.nonfinite.skip(loss, self.optimizer_steps, self.held.epoch)
-        self.resumer.note_loss(loss)  # the resumed run's self-check (checkpoint/selfcheck.py)
-        divisor, _ = self.step_state.next_backward(self._remaining_batches)
-        scaled = self.precision.scaler.scale(loss / divisor if divisor > 1 else loss)
+        skip = self._nonfinite.skip(loss, self.optimizer_steps, self._held.epoch)
+        self._resumer.note_loss(loss)  # the resumed run's self-check (checkpoint/selfcheck.py)
+        divisor, _ = self._step.next_backward(self._remaining_batches)
+        scaled = self._precision.scaler.scale(loss / divisor if divisor > 1 else loss)
         try:
-            with self.activity.timed("backward", "sync"):  # DDP's gradient all-reduce ends here: waiting counts too
+            with self._activity.timed("backward", "sync"):  # DDP's gradient all-reduce ends here: waiting counts too
                 scaled.backward()
         finally:
             self._window.close()
@@ -292,20 +292,20 @@ class Ring:
 
     def _drop_window(self) -> None:
         # Backward still ran (DDP expects it); its NaNs are wiped and the window's step dropped.
-        for model in self.held.models:
+        for model in self._held.models:
             model.zero_grad(set_to_none=False)  # zeroes the gradients there are, in place
-        self.step_state.drop()
+        self._step.drop()
 
     def pipeline_step(self, x: torch.Tensor, y: torch.Tensor, loss_fn: Any) -> torch.Tensor:
         """Forward and backward of one batch; its mean loss, on every rank. A pipeline cuts the batch
         into micro-batches through its stages; elsewhere it is ``ring.backward(loss_fn(model(x), y))``."""
         if not isinstance(self.strategy, PipelineSchedule):
-            self.backward(loss := loss_fn(self.held.models[-1](x), y))
+            self.backward(loss := loss_fn(self._held.models[-1](x), y))
             return loss.detach()
-        self.step_state.check_lr(self.held.optimizers)
-        divisor, boundary = self.step_state.next_backward(self._remaining_batches)
-        loss = self.strategy.pipeline_step(x, y, loss_fn, divisor=divisor, sync=boundary, scaler=self.precision.scaler)
-        if self.nonfinite.skip(loss, self.optimizer_steps, self.held.epoch):
+        self._step.check_lr(self._held.optimizers)
+        divisor, boundary = self._step.next_backward(self._remaining_batches)
+        loss = self.strategy.pipeline_step(x, y, loss_fn, divisor=divisor, sync=boundary, scaler=self._precision.scaler)
+        if self._nonfinite.skip(loss, self.optimizer_steps, self._held.epoch):
             self._drop_window()
         self._last_loss = loss
         return loss
@@ -313,13 +313,13 @@ class Ring:
     def clip_grad_norm_(self, model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip gradients to ``max_norm`` on accumulation boundaries (unscaling fp16 gradients first); the
         total norm before clipping, or None between boundaries (partial sums: nothing is clipped)."""
-        if not self.step_state.sync_now:
+        if not self._step.sync_now:
             return None
-        for optimizer in self.held.optimizers:
+        for optimizer in self._held.optimizers:
             self.strategy.sync_gradients(optimizer)  # hvd: averaged gradients, before their norm
-        if self.precision.scaler.is_enabled():
-            for optimizer in self.held.optimizers:
-                self.precision.scaler.unscale_(optimizer)
+        if self._precision.scaler.is_enabled():
+            for optimizer in self._held.optimizers:
+                self._precision.scaler.unscale_(optimizer)
         return self.strategy.clip_grad_norm_(model, max_norm, norm_type)
 
     # --- checkpoints (resume.py) ------------------------------------------------
@@ -327,12 +327,12 @@ class Ring:
         """Write ``state`` (modules unwrapped, no ``module.`` prefix) to ``path``, whole or not at all, with every rank's
         RNG state and the loaders' positions. Under FSDP a sharded folder every rank writes its part of; elsewhere, or
         with ``full=True``, one ``torch.save`` file gathered on the main process. See ``Resumer.save``."""
-        self.resumer.save(path, full=full, **state)
+        self._resumer.save(path, full=full, **state)
 
     def load(self, path: str, **targets: Any) -> dict[str, Any]:
         """Load ``path`` into ``targets`` on every rank and continue where it was saved (mid-epoch
         included); ring and plain PyTorch checkpoints alike; returns the other entries. See ``Resumer.load``."""
-        extra = self.resumer.load(path, **targets)
+        extra = self._resumer.load(path, **targets)
         self._log.resume_from(self.optimizer_steps)
         return extra
 
@@ -384,7 +384,7 @@ class Ring:
 
     def stats(self) -> dict[int, dict[str, float]]:
         """Per rank (collective): steps, ms/step and the % of a step waiting for data, computing, waiting for the others."""
-        return per_rank_stats(dict(enumerate(self.strategy.gather_object(self.activity.times.summary()))))
+        return per_rank_stats(dict(enumerate(self.strategy.gather_object(self._activity.times.summary()))))
 
     def progress(self, iterable: Iterable[Any], desc: str | None = None, total: int | None = None) -> Progress:
         """A progress bar (loss, samples/s) on the main process; a pass-through elsewhere."""
@@ -400,29 +400,32 @@ class Ring:
     def extras(self) -> dict[str, Any]:
         """The script's own values (``best_val_loss``, ``model_args``, its config...) that every checkpoint carries,
         periodic ones included: set them here; a resumed run finds the checkpoint's here after ``ring.setup``."""
-        return self.held.extras
+        return self._held.extras
 
     def close(self) -> None:
         """Write a periodic checkpoint that is due (a loop left with ``break`` right after its step), finish this
         rank's asynchronous checkpoint, if one is being written; leave the process group."""
-        self._replaced.close()
-        self.resumer.safe_point()
-        self.resumer.flush(agree=False)
-        self.resumer.release()
-        preempts.stop(self.held)
-        self._log.close()
-        timelines.close(self._timeline)
-        self.strategy.teardown()
+        self._end(None)
 
     def __enter__(self) -> "Ring": return self
 
-    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
-        if error is None:  # a loop left with break right after a due step: its checkpoint is still written
-            self.resumer.safe_point()
-            self.resumer.flush()
-        self._replaced.close()
-        preempts.stop(self.held, settle=error is None)
-        self._log.close()
-        timelines.close(self._timeline)
-        self.resumer.release(unless_saving=True)  # an asynchronous save still writing keeps the folder
-        self.strategy.teardown(error if isinstance(error, Exception) else None)
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None: self._end(error)
+
+    def _end(self, error: BaseException | None) -> None:
+        # The one way a ring ends (close, a with block's end); it never waits on peers, and a step that fails
+        # here (a due save, this rank's asynchronous one) still leaves everything behind it released.
+        failure = error
+        try:
+            if error is None:
+                self._resumer.safe_point()
+                self._resumer.flush(agree=False)  # this rank's own writer: no collective on the way out
+        except BaseException as e:
+            failure = e
+            raise
+        finally:
+            self._replaced.close()
+            preempts.stop(self._held, settle=failure is None)
+            self._log.close()
+            timelines.close(self._timeline)
+            self._resumer.release(unless_saving=True)  # an asynchronous save still writing keeps the folder
+            self.strategy.teardown(failure if isinstance(failure, Exception) else None)

@@ -216,7 +216,7 @@ def nonfinite_skip() -> dict:
         optimizer.step()
         optimizer.zero_grad()
     whole = ring.strategy.module_state(model)
-    out = {"steps": ring.optimizer_steps, "skipped": ring.step_state.skipped_steps,
+    out = {"steps": ring.optimizer_steps, "skipped": ring._step.skipped_steps,
            "finite": None if whole is None else all(torch.isfinite(v).all().item() for v in whole.values())}
     ring.close()
     return out
@@ -288,13 +288,13 @@ def save_over(strategy: str, saves: list[tuple[str, bool | None]]) -> list[dict]
         optimizer.zero_grad()
     out = []
     for path, full in saves:
-        before = ring.activity.calls
+        before = ring.strategy.activity.calls
         try:
             ring.save(path, full=full, model=model, optimizer=optimizer)
             said = ""
         except rt.RingtrainError as e:
             said = str(e)
-        out.append({"error": said, "collectives": ring.activity.calls - before, "state": _state_of(path),
+        out.append({"error": said, "collectives": ring.strategy.activity.calls - before, "state": _state_of(path),
                     "beside": sorted(os.listdir(os.path.dirname(path)))})
     ring.close()
     return out

@@ -225,7 +225,7 @@ def nan_on_rank(bad_rank: int, nonfinite: str, steps: int = 4) -> tuple:
         return ("error", str(e))
     finally:
         ring.close()
-    return flat_params(model), ring.optimizer_steps, ring.step_state.skipped_steps
+    return flat_params(model), ring.optimizer_steps, ring._step.skipped_steps
 
 
 def whole_params(ring: rt.Ring, model: nn.Module) -> torch.Tensor | None:

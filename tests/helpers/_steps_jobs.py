@@ -93,7 +93,7 @@ def main() -> None:
                 target = os.getppid() if args.preempt_how == "launcher" else os.getpid()
                 os.kill(target, getattr(signal, args.preempt_signal))
                 waited = time.monotonic()  # until the launcher's forward reaches this rank (a few steps' time)
-                while ring.held.preemption.requested is None and time.monotonic() - waited < 30:
+                while ring._held.preemption.requested is None and time.monotonic() - waited < 30:
                     time.sleep(0.01)
             x, y = get_batch(step, ring.rank * ring.accumulate + i)
             ring.backward(F.cross_entropy(model(x), y))

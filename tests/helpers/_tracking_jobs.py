@@ -32,9 +32,9 @@ def log_differently(folder: str) -> dict:
                 call = len(sent)
                 values = values_of(ring.rank, call)
                 reduce = ("mean", "sum", "max", "min", None)[call % 5]
-                before = ring.activity.calls
+                before = ring.strategy.activity.calls
                 got.append(ring.log(values, reduce=reduce))
-                calls.append(ring.activity.calls - before)
+                calls.append(ring.strategy.activity.calls - before)
                 sent.append({k: float(v) for k, v in values.items()})
     # names that differ between the ranks (same count): named on every rank, nothing written
     try:

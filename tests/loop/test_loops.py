@@ -267,7 +267,7 @@ def test_precision_takes_the_scripts_own_dtype(given, canonical):
 
     assert name(given) == canonical
     if canonical != "16-mixed":  # fp16 needs a GPU's autocast here
-        assert rt.Ring(precision=given).precision.name == canonical
+        assert rt.Ring(precision=given)._precision.name == canonical
 
 
 def test_extras_ride_in_every_checkpoint_and_come_back(tmp_path):

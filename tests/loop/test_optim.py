@@ -191,7 +191,7 @@ def _two_optimizer_run(use_ring: bool, clip: bool, head_every: int = 1, steps: i
         ring = rt.Ring(precision="16-mixed", device="cpu")
         encoder, opt_e = ring.setup(encoder, opt_e)
         head, opt_h = ring.setup(head, opt_h)
-        ring.precision.scaler.load_state_dict(scaler_state)
+        ring._precision.scaler.load_state_dict(scaler_state)
         for i, (x, y) in enumerate(zip(data, target)):
             ring.backward(F.cross_entropy(head(encoder(x)), y))
             if clip:
@@ -201,7 +201,7 @@ def _two_optimizer_run(use_ring: bool, clip: bool, head_every: int = 1, steps: i
                 opt_h.step()
             opt_e.zero_grad()
             opt_h.zero_grad()
-        scale = ring.precision.scaler.get_scale()
+        scale = ring._precision.scaler.get_scale()
         ring.close()
     else:
         scaler = torch.amp.GradScaler("cpu")

@@ -125,14 +125,14 @@ def test_fp16_inf_gradient_skips_the_step_and_training_recovers():
     model = jobs.small_model()
     model, optimizer = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     x, y = jobs.regression_data(16).tensors
-    scale_before = ring.precision.scaler.get_scale()
+    scale_before = ring._precision.scaler.get_scale()
     before = jobs.flat_params(model)
     ring.backward(F.cross_entropy(model(x), y))
     next(model.parameters()).grad[0, 0] = float("inf")  # injected overflow
     optimizer.step()
     optimizer.zero_grad()
     assert torch.equal(before, jobs.flat_params(model)), "a step with inf gradients must be skipped"
-    assert ring.precision.scaler.get_scale() == scale_before / 2
+    assert ring._precision.scaler.get_scale() == scale_before / 2
     ring.backward(F.cross_entropy(model(x), y))
     optimizer.step()
     assert not torch.equal(before, jobs.flat_params(model))
@@ -147,15 +147,15 @@ def test_scaler_state_survives_save_and_load(tmp_path):
     ring.backward(F.cross_entropy(model(x), y))
     next(model.parameters()).grad[0, 0] = float("nan")
     optimizer.step()
-    scale = ring.precision.scaler.get_scale()
+    scale = ring._precision.scaler.get_scale()
     ring.save(str(tmp_path / "amp.pt"), model=model, optimizer=optimizer)
 
     other = rt.Ring(precision="16-mixed")
     model2 = jobs.small_model()
     model2, optimizer2 = other.setup(model2, torch.optim.SGD(model2.parameters(), lr=0.1))
-    assert other.precision.scaler.get_scale() != scale
+    assert other._precision.scaler.get_scale() != scale
     other.load(str(tmp_path / "amp.pt"), model=model2, optimizer=optimizer2)
-    assert other.precision.scaler.get_scale() == scale
+    assert other._precision.scaler.get_scale() == scale
 
 
 def test_fp16_clip_unscales_first():

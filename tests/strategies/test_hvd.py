@@ -35,4 +35,4 @@ def test_hvd_with_fp16_scaler_and_clipping(run_ranks):
 
 def test_bad_compression():
     with pytest.raises(rt.RingtrainError, match="compression"):
-        rt.Ring(strategy="ddp", compression="int8", init_method="tcp://127.0.0.1:1", world_size=1, rank=0)
+        rt.Ring(strategy=rt.strategies.DDP(compression="int8"), init_method="tcp://127.0.0.1:1", world_size=1, rank=0)

@@ -117,6 +117,7 @@ class RingTrainer:
         ring = self.ring
         self.pipeline = mode == "pipeline"
         self.wl = wl
+        self.sync_bn = sync_bn
         self.replicas = ring.world_size // PIPELINE_STAGES if self.pipeline else ring.world_size
         devices = self.replicas * ring.strategy.devices_per_process * ring.accumulate
         if wl.global_batch % devices:  # e.g. dp with a GPU count that does not divide the batch
@@ -140,7 +141,7 @@ class RingTrainer:
         self.sample_share = 1.0 / PIPELINE_STAGES if self.pipeline else 1.0
         self.comm = CommCounter()
         self.sharded = mode == "fsdp"
-        hooks = getattr(ring.strategy, "hooks", None)
+        hooks = ring.strategy.hooks if isinstance(ring.strategy, rt.strategies.DDP) else None
         if hooks:  # a compression hook counts what it sends (comm/traffic.py)
             self.comm.method = "compression hook"
             self.comm.hooks = hooks
@@ -159,7 +160,7 @@ class RingTrainer:
         """Pipeline traffic: each non-last stage sends its output forward and receives as many gradient bytes back."""
         strategy = self.ring.strategy
         self.comm.method = "stage-boundary activations + their gradients"
-        if getattr(strategy, "is_last_stage", True):
+        if not isinstance(strategy, rt.strategies.Pipeline) or strategy.is_last_stage:
             return
 
         def count(module: nn.Module, args: Any, output: Any) -> None:
@@ -216,7 +217,7 @@ class RingTrainer:
             if whole is None:
                 return None
             model = self.wl.make_model()
-            if self.ring.sync_batchnorm:
+            if self.sync_bn:
                 model = rt.SyncBatchNorm.convert_sync_batchnorm(model)
             model.load_state_dict(whole)
             return model.to(self.ring.device)

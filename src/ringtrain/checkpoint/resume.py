@@ -272,9 +272,7 @@ class Resumer(StateFiles):
                 f"{EXIT_CODE}: run the same command to resume from it")
         self.say(said)
         mark(self.strategy.rank, number)  # for this node's ringtrain run, which exits 75 when its workers did
-        membership = getattr(getattr(self.strategy, "group", None), "membership", None)
-        if membership is not None:
-            membership.finish(f"{PREEMPTED}{number}")
+        self.strategy.finish(f"{PREEMPTED}{number}")  # the peers read a preemption, not a failure
         if self.is_main and preemption.requeue:
             self.say(requeue())
         raise Preempted(said)

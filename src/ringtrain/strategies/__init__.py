@@ -12,7 +12,7 @@ A new strategy is one new file here plus one line in ``REGISTRY`` (docs/architec
 
 from __future__ import annotations
 
-import warnings
+import functools
 from typing import Any
 
 from torch import nn
@@ -47,23 +47,46 @@ __all__ = [
 ]
 
 
-LEGACY_OPTIONS = ("stages", "microbatches", "schedule", "split_at", "compression")
+# Ring's keywords from ringtrain 0.1, before strategies were objects, and the strategy each moved to.
+MOVED = {"stages": "Pipeline", "microbatches": "Pipeline", "schedule": "Pipeline", "split_at": "Pipeline",
+         "compression": "DDP"}
 
 
-def resolve(strategy: str | Strategy, env: Environment, *, init_method: str | None = None, **legacy: Any) -> Strategy:
+class MovedKeyword(RingtrainError, TypeError):
+    """``Ring(stages=2)``: a keyword that moved onto a strategy object (a TypeError too, as any unknown keyword)."""
+
+
+def refusing_moved_keywords(init: Any) -> Any:
+    """``Ring.__init__`` (its own signature, no ``**kwargs``), refusing a moved keyword with its new spelling."""
+
+    @functools.wraps(init)
+    def checked(ring: Any, *args: Any, **keywords: Any) -> None:
+        if moved := [k for k in keywords if k in MOVED]:
+            raise moved_keyword_error(moved, keywords, args[0] if args else keywords.get("strategy", "auto"))
+        init(ring, *args, **keywords)
+
+    return checked
+
+
+def moved_keyword_error(moved: list[str], given: dict[str, Any], strategy: Any) -> MovedKeyword:
+    """``Ring(stages=2, microbatches=4)`` -> ``rt.strategies.Pipeline(stages=2, microbatches=4)``."""
+    by_class: dict[str, list[str]] = {}
+    for k in moved:
+        cls = "Horovod" if MOVED[k] == "DDP" and (strategy == "hvd" or isinstance(strategy, Horovod)) else MOVED[k]
+        by_class.setdefault(cls, []).append(f"{k}={given[k]!r}")
+    new = [f"rt.strategies.{cls}({', '.join(kw)})" for cls, kw in by_class.items()]
+    old = ", ".join(f"{k}=" for k in moved)
+    return MovedKeyword(f"Ring() got {old}: {'these options' if len(moved) > 1 else 'this option'} of ringtrain 0.1 moved "
+                        "onto the strategy object", f"write Ring(strategy={new[0]})." if len(new) == 1 else
+                        f"give them to the strategy objects: {' and '.join(new)}.")
+
+
+def resolve(strategy: str | Strategy, env: Environment, *, init_method: str | None = None) -> Strategy:
     """The strategy object for ``strategy``: an object as given, a name with its class's defaults.
 
     ``"auto"``: DDP when launched with more than one process (or given an init_method), else Single.
-    ``legacy``: Ring's keyword arguments from before strategies were objects (deprecated).
     """
-    unknown = sorted(set(legacy) - set(LEGACY_OPTIONS))
-    if unknown:
-        raise TypeError(f"Ring() got an unexpected keyword argument {unknown[0]!r}")
-    legacy = {k: v for k, v in legacy.items() if v is not None and not (k == "compression" and v == "none")}
     if isinstance(strategy, Strategy):
-        if legacy:
-            raise RingtrainError(f"Ring got {sorted(legacy)} beside a strategy object {strategy!r}",
-                                 f"give those options to the strategy object itself, e.g. {type(strategy).__name__}(...).")
         return strategy
     if isinstance(strategy, type) and issubclass(strategy, Strategy):
         raise RingtrainError(f"Ring got the class {strategy.__name__}, not a strategy object",
@@ -73,36 +96,10 @@ def resolve(strategy: str | Strategy, env: Environment, *, init_method: str | No
                              f"use one of {', '.join(NAMES)}, or an object such as rt.strategies.DDP(...).")
     if strategy == "auto":
         strategy = "ddp" if env.is_distributed or init_method is not None else "single"
-    if legacy:
-        return _from_legacy(strategy, legacy)
     if strategy == "pipeline":
         raise RingtrainError("strategy='pipeline' needs stages= and microbatches=",
                              "e.g. Ring(strategy=rt.strategies.Pipeline(stages=2, microbatches=8, schedule='1f1b')).")
     return REGISTRY[strategy]()
-
-
-def _from_legacy(name: str, options: dict[str, Any]) -> Strategy:
-    """``Ring(strategy="pipeline", stages=2, ...)`` / ``Ring(compression="fp16")``: still run, with a warning."""
-    pipeline = {k: v for k, v in options.items() if k != "compression"}
-    if pipeline and name != "pipeline":
-        raise RingtrainError(f"Ring got pipeline options {sorted(pipeline)} with strategy={name!r}",
-                             "use strategy=rt.strategies.Pipeline(stages=..., microbatches=..., schedule=..., split_at=...).")
-    if name == "pipeline" and "compression" in options:
-        raise RingtrainError("Ring got compression= with strategy='pipeline'",
-                             "compression applies to strategy='ddp' or 'hvd' only.")
-    if name == "pipeline" and not {"stages", "microbatches"} <= set(options):
-        raise RingtrainError("strategy='pipeline' needs stages= and microbatches=",
-                             "e.g. Ring(strategy=rt.strategies.Pipeline(stages=2, microbatches=8, schedule='1f1b')).")
-    cls = {"pipeline": Pipeline, "ddp": DDP, "hvd": Horovod}.get(name)
-    spelled = ", ".join(f"{k}={v!r}" for k, v in options.items())
-    if cls is None:  # compression on one process: nothing travels, nothing to compress
-        made: Strategy = REGISTRY[name]()
-        advice = f"drop compression= (strategy {name!r} sends no gradients)"
-    else:
-        made = cls(**options)
-        advice = f"write Ring(strategy=rt.strategies.{cls.__name__}({spelled}))"
-    warnings.warn(f"Ring({spelled}) is deprecated: {advice}.", DeprecationWarning, stacklevel=4)
-    return made
 
 
 def check_setup(strategy: Strategy, model: Any, optimizer: Any, scheduler: Any, options: dict[str, Any]) -> None:

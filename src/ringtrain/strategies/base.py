@@ -45,6 +45,9 @@ class Strategy(ABC):
     name: str = "base"
     # ring.setup(model, optimizer, **options): the keyword options this strategy understands.
     MODULE_OPTIONS: frozenset[str] = frozenset()
+    # The job's DeviceMesh (parallel/mesh.py; ``ring.mesh``): a Distributed strategy's, once its group formed.
+    mesh: Any = None
+
     def __init__(self) -> None:
         self.collectives = collectives.Collectives()  # the ring's own (Strategy.all_reduce & co.)
         self._env: Environment | None = None
@@ -133,6 +136,10 @@ class Strategy(ABC):
         """Leave the process group; safe to call twice; never waits on peers.
 
         ``failure``: the exception on its way out, if any (the peers are told this rank failed)."""
+
+    def finish(self, reason: str) -> None:
+        """This rank ends on purpose before ``teardown`` (a preemption's checkpoint is written): the peers are told
+        ``reason`` rather than that it failed (nobody to tell on one process)."""
 
     def enable_collective_checks(self, timeout: float) -> None:
         """Check every collective across ranks first (nothing to check on one process)."""
@@ -358,6 +365,10 @@ class Distributed(Strategy):
     def teardown(self, failure: BaseException | None = None) -> None:
         if self.group is not None:
             self.group.close(failure)
+
+    def finish(self, reason: str) -> None:
+        if self.group is not None and self.group.membership is not None:
+            self.group.membership.finish(reason)
 
     def enable_collective_checks(self, timeout: float) -> None:
         self.collectives.enable_checks(self.group.check_store(), timeout)
