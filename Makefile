@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.ringtrain-installed
 
 GPU_CHECK_OUT ?= gpu-check-report
 
-.PHONY: demo test test-fast test-stress test-load test-hosts test-cluster test-gpu gpu-check bench-overhead docs docs-check install clean
+.PHONY: demo test test-fast test-stress test-compile test-load test-hosts test-cluster test-gpu gpu-check bench-overhead docs docs-check install clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ test-fast: $(STAMP)
 # 200 finished jobs with no abort at exit, every way a rank can leave x every launcher.
 test-stress: $(STAMP)
 	$(PY) -m pytest -q -s -m stress
+
+# The real torch.compile equal to eager (tests/strategies/test_compiling.py; minutes cold on 2 cores, one inductor
+# cache folder reused: TORCHINDUCTOR_CACHE_DIR).
+test-compile: $(STAMP)
+	$(PY) -m pytest -q -m compile tests/strategies/test_compiling.py
 
 # The suite under load (issue 21): `.ci/run` on a fresh clone of HEAD, three times in a row, each
 # beside two busy loops; stops at the first failure. About 45 minutes a run on 2 cores. RUNS= and HOGS= change it.

@@ -35,6 +35,7 @@ from .parallel import environments
 from .parallel.group import DEFAULT_TIMEOUT, GroupOptions
 from .parallel.syncbn import convert_sync_batchnorm
 from .strategies import BackwardSyncControl, PipelineSchedule, Strategy
+from .strategies.compiling import BlockTransforms
 from .tracking import timeline as timelines
 
 
@@ -46,7 +47,9 @@ class Ring:
     ``rt.strategies.DDP(find_unused_parameters=True)``, ``rt.strategies.FSDP(replicate=2)``... Where: ``device``,
     ``backend``, ``init_method`` (+ ``world_size``, ``rank``: no launcher needed), ``timeout`` (seconds, forming the
     group and every collective). How: ``accumulate``, ``precision`` (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``),
-    ``sync_batchnorm``, ``seed``, ``deterministic``, ``cudnn_benchmark``. Safety: ``checkpoint_dir`` + ``save_every``
+    ``sync_batchnorm``, ``seed``, ``deterministic``, ``cudnn_benchmark``, ``activation_checkpointing`` (None,
+    ``"full"``, ``"selective"``) and ``compile`` (per block: strategies/compiling.py). Safety: ``checkpoint_dir`` +
+    ``save_every``
     + ``keep_last`` + ``resume`` (periodic saves in a folder one job holds; a restarted job resumes in ``setup`` when
     its configuration is the same: ``"auto"``, or ``"force"``, ``"never"``); with a folder, SIGTERM (and ``preempt_signal``)
     saves the step the job is at and exits 75 (``preempt_grace``: seconds before SIGKILL; ``requeue``: Slurm's);
@@ -91,6 +94,8 @@ class Ring:
         preempt_signal: Any = None,
         preempt_grace: float | None = None,
         requeue: bool = False,
+        activation_checkpointing: Any = None,
+        compile: Any = False,
     ):
         env = environments.with_explicit(environments.detect(), world_size, rank)
         self.strategy = strategies.resolve(strategy, env, init_method=init_method)
@@ -108,6 +113,7 @@ class Ring:
         precision = precisions.canonical(precision)
         self._nonfinite = NonFiniteGuard(nonfinite, self.strategy)
         self.strategy.configure(accumulate=accumulate, nonfinite=nonfinite, sync_batchnorm=sync_batchnorm)
+        self.strategy.transform_blocks(BlockTransforms.of(activation_checkpointing, compile))  # per block, in order
         selfcheck.tolerance_of(resume_tolerance, torch.device("cpu"), deterministic)  # checked before the group forms
         preemption = preempts.of(checkpoint_dir, preempt_signal, preempt_grace, requeue)
         self._log = tracking.RunLog(log_dir, log_with, checkpoint_dir, self._activity)

@@ -22,6 +22,8 @@ from ..comm.powersgd import PowerSGD
 from ..errors import RingtrainError
 from ..parallel.environments import Environment
 from .base import BackwardSyncControl, Distributed, PipelineSchedule, StageData, Strategy
+from .checkpointing import Checkpointing, apply_activation_checkpointing
+from .compiling import Compile, apply_compile
 from .ddp import DDP
 from .dp import DataParallel
 from .fsdp import FSDP
@@ -42,8 +44,10 @@ REGISTRY: dict[str, type[Strategy]] = {
 NAMES = ("auto", *REGISTRY)
 
 __all__ = [
-    "BackwardSyncControl", "DDP", "DataParallel", "Distributed", "FSDP", "Horovod", "Pipeline", "PipelineSchedule",
-    "PowerSGD", "REGISTRY", "Single", "StageData", "Strategy", "TP", "check_setup", "module_options", "resolve",
+    "BackwardSyncControl", "Checkpointing", "Compile", "DDP", "DataParallel", "Distributed", "FSDP", "Horovod",
+    "Pipeline", "PipelineSchedule",
+    "PowerSGD", "REGISTRY", "Single", "StageData", "Strategy", "TP", "apply_activation_checkpointing", "apply_compile",
+    "check_setup", "module_options", "resolve",
 ]
 
 

@@ -71,6 +71,16 @@ def _outermost(names: list[str]) -> list[str]:
     return chosen
 
 
+def repeated(root: nn.Module, keep: Callable[[str], bool] = lambda name: True) -> list[str]:
+    """The repeated blocks: children (with parameters) of an nn.Sequential / nn.ModuleList / nn.ModuleDict whose kind
+    appears two or more times, outermost among those ``keep`` accepts (activation checkpointing and compile take
+    them as blocks, too)."""
+    in_containers = [(f"{n}.{c}" if n else c, child) for n, m in root.named_modules() if isinstance(m, _CONTAINERS)
+                     for c, child in m.named_children() if _count(child)]
+    kinds = Counter(_kind(child) for _, child in in_containers)
+    return _outermost([n for n, child in in_containers if kinds[_kind(child)] >= 2 and keep(n)])
+
+
 def choose(root: nn.Module, wrap: Any) -> list[str]:
     """The names of the submodules to shard as units, children before their parents (fully_shard's order)."""
     modules = dict(root.named_modules())
@@ -78,10 +88,7 @@ def choose(root: nn.Module, wrap: Any) -> list[str]:
     if wrap is None:
         return []
     if wrap == "auto":
-        in_containers = [(f"{n}.{c}" if n else c, child) for n, m in modules.items() if isinstance(m, _CONTAINERS)
-                         for c, child in m.named_children() if _count(child)]
-        repeated = Counter(_kind(child) for _, child in in_containers)
-        picked = _outermost([n for n, child in in_containers if repeated[_kind(child)] >= 2 and not shares(n)])
+        picked = repeated(root, keep=lambda name: not shares(name))
         total = _count(root)
         for name, child in root.named_children():
             large = total and _count(child) >= total * LARGE_SHARE

@@ -36,6 +36,7 @@ from ..parallel.environments import Environment
 from ..parallel.group import GroupOptions, ProcessGroup
 from ..parallel.mesh import TP, Layout, build as build_mesh, data_layout
 from ..parallel.stages import spans_devices
+from .compiling import BlockTransforms
 from .materialize import check as check_meta, materialize, on_meta, rank0_rng_state
 
 
@@ -45,6 +46,9 @@ class Strategy(ABC):
     name: str = "base"
     # ring.setup(model, optimizer, **options): the keyword options this strategy understands.
     MODULE_OPTIONS: frozenset[str] = frozenset()
+    # What wrap_module applies to the model's blocks (activation checkpointing, compile): nothing until the Ring
+    # says (transform_blocks).
+    blocks: BlockTransforms = BlockTransforms()
     # The job's DeviceMesh (parallel/mesh.py; ``ring.mesh``): a Distributed strategy's, once its group formed.
     mesh: Any = None
 
@@ -87,6 +91,12 @@ class Strategy(ABC):
 
     def configure(self, *, accumulate: int = 1, nonfinite: str = "raise", sync_batchnorm: bool = False) -> None:
         """How the Ring will drive this strategy; refuse (RingtrainError) what it cannot do."""
+
+    def transform_blocks(self, transforms: BlockTransforms) -> None:
+        """``Ring(activation_checkpointing=, compile=)``: what ``wrap_module`` applies to the model's blocks, after
+        any tensor-parallel cut and before the wrapper or shards (compiling.py has the order). A strategy that
+        cannot run it refuses here, before the group forms."""
+        self.blocks = transforms
 
     def accumulate_changed(self, accumulate: int, optimizers: list[torch.optim.Optimizer]) -> None:
         """``ring.accumulate`` was set before training began (after ``configure``; ``optimizers``: set up already)."""

@@ -76,7 +76,7 @@ class DDP(Distributed, BackwardSyncControl, StageData):
             )
         if self.tp is not None:
             return self._replicas_of_tp(module, options)
-        return self.apply(module, None, self.device, **options)
+        return self.apply(self.blocks.apply(module), None, self.device, **options)
 
     # --- DDP(tp=N): a TP group per replica, the replicas kept in step on dp_replicate ------------
     def check_job(self) -> None:
@@ -104,6 +104,7 @@ class DDP(Distributed, BackwardSyncControl, StageData):
             raise RingtrainError(f"ring.setup got {sorted(options)} with DDP(tp={self.tp.size})",
                                  "DistributedDataParallel's options do not apply under tensor parallelism: drop them.")
         self.tp.cut(module, self.mesh[TP], self.device)
+        self.blocks.apply(module)  # after the cut, before the replicas (compiling.py)
         # torchtitan's apply_replicate: the repeated blocks as units of their own (their all-reduce overlaps the
         # rest of the backward), then the model; gradients are averaged over the replicas, as DDP's are.
         for name in _units.choose(module, "auto"):

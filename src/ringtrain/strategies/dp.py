@@ -83,7 +83,7 @@ class DataParallel(Strategy):
 
     def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
         if len(self.device_ids) < 2:
-            return module
+            return self.blocks.apply(module)
         synced = [name for name, m in module.named_modules() if isinstance(m, (SyncBatchNorm, nn.SyncBatchNorm))]
         if synced:
             # Refused rather than warned: DataParallel's replicas are threads of one process
@@ -97,7 +97,9 @@ class DataParallel(Strategy):
                 "use strategy='ddp' (ringtrain run --nproc-per-node N train.py) for synchronised BatchNorm, "
                 "or drop sync_batchnorm=True to train with per-GPU statistics.",
             )
-        return nn.DataParallel(module, device_ids=self.device_ids)
+        # A compiled block keeps its compiled call bound to itself: DataParallel's replicas would all run the first.
+        self.blocks.refuse_compile("strategy='dp' on several GPUs", "use strategy='ddp' for compile=True.")
+        return nn.DataParallel(self.blocks.apply(module), device_ids=self.device_ids)
 
     def unwrap(self, module: nn.Module) -> nn.Module:
         return module.module if isinstance(module, nn.DataParallel) else module

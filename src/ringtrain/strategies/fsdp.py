@@ -153,9 +153,10 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
 
     def _tensor_parallel_then_shard(self, module: nn.Module, precision: Any) -> nn.Module:
         if self.tp is None:
-            return self.shard(module, precision, self.data_mesh, self.device)
+            return self.shard(self.blocks.apply(module), precision, self.data_mesh, self.device)
         tensor_parallel.refuse_precision(precision, repr(self))
         self.tp.cut(module, self.mesh[TP], self.device)  # rank 0's weights, cut: the shards come from those
+        self.blocks.apply(module)  # checkpointing and compile after the cut, before the shards (compiling.py)
         sharded = self.shard(module, precision, self.data_mesh, self.device, broadcast=lambda _tensor: None)
         self.tp.watch(sharded, self.mesh[TP], lambda: self.named_parameters(sharded))
         return sharded

@@ -100,7 +100,7 @@ class Horovod(Distributed):
     def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
         """The module itself, with rank 0's parameters and buffers on every rank (DDP's options do not apply)."""
         comm.broadcast_parameters(module.state_dict(), 0, process_set=self.process_set, check=self.check)
-        return module
+        return self.blocks.apply(module)
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module, backward_passes_per_step: int = 1,
                        compression="none", op=comm.ReduceOp.AVERAGE) -> torch.optim.Optimizer:

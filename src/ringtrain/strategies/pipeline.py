@@ -158,6 +158,13 @@ class Pipeline(StageCheckpoints, Distributed, PipelineSchedule):
         names = tuple(n for n in self.layout().names if n != PP)
         return self.mesh[names if len(names) > 1 else names[0]]
 
+    def transform_blocks(self, transforms: Any) -> None:
+        # The stages' shapes are worked out by running them on meta tensors first: a compiled block would compile
+        # for those.
+        transforms.refuse_compile("a pipeline", "drop compile=True under rt.strategies.Pipeline (activation "
+                                  "checkpointing works: each stage's blocks are checkpointed).")
+        super().transform_blocks(transforms)
+
     def configure(self, *, accumulate: int = 1, nonfinite: str = "raise", sync_batchnorm: bool = False) -> None:
         if sync_batchnorm:
             raise RingtrainError(
@@ -185,6 +192,7 @@ class Pipeline(StageCheckpoints, Distributed, PipelineSchedule):
         With schedule='interleaved' a rank holds several model chunks (rank r: chunks r, r+S, ...,
         torch's "loop" placement) and an ``nn.ModuleList`` of them comes back.
         """
+        self.blocks.apply(module)  # the whole model's blocks, before the cut and the stages' shards (compiling.py)
         stages, root = cut(module, split_at if split_at is not None else self.split_at)
         n, s = len(stages), self.num_stages
         if self.schedule == "interleaved" and (n % s or n // s < 2):

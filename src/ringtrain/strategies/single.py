@@ -35,4 +35,4 @@ class Single(Strategy):
             torch.cuda.set_device(self._device)
 
     def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
-        return module
+        return self.blocks.apply(module)

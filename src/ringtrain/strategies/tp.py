@@ -102,6 +102,7 @@ class TP(Distributed):
     def setup_module(self, module: nn.Module, precision: Any, **options: Any) -> nn.Module:
         refuse_precision(precision, "TP")
         self.cut(module, self.mesh[TP_DIM], self.device)
+        self.blocks.apply(module)  # after the cut (compiling.py)
         precision.wrap_forward(module)
         self.watch(module, self.mesh[TP_DIM])
         together(self, module)
@@ -109,6 +110,7 @@ class TP(Distributed):
 
     def wrap_module(self, module: nn.Module, **options: Any) -> nn.Module:
         self.cut(module, self.mesh[TP_DIM], self.device)
+        self.blocks.apply(module)
         self.watch(module, self.mesh[TP_DIM])
         return module
 
