@@ -20,7 +20,6 @@ from .checkpoint.resume import Resumer
 from .checkpoint.state_files import move_optimizer_state
 from .errors import RingtrainError
 from .liveness.stall import per_rank_stats
-from .liveness.watchdog import collective_checks_of
 from .loop import loops, precision as precisions, preempt as preempts
 from .loop.batches import DrawnBatches
 from .loop.data import RingLoader, make_loader
@@ -31,7 +30,7 @@ from .loop.optim import (NonFiniteGuard, NoSyncWindow, ReplacedParameters, RingS
 from .loop.progress import Progress
 from .loop.seeding import configure_kernels, seed_everything
 from .loop.step import Step
-from .parallel import environments
+from .parallel import contract, environments
 from .parallel.group import DEFAULT_TIMEOUT, GroupOptions
 from .parallel.syncbn import convert_sync_batchnorm
 from .strategies import BackwardSyncControl, PipelineSchedule, Strategy
@@ -97,10 +96,14 @@ class Ring:
         activation_checkpointing: Any = None,
         compile: Any = False,
     ):
+        # The launcher's settings (RINGTRAIN_*), this ring's keywords over them: the one place that decides.
+        settings = contract.override(contract.read(), timeline=timeline, preempt_signal=preempt_signal,
+                                     preempt_grace=preempt_grace, stall_warning=stall_warning,
+                                     debug_collectives=debug_collectives)
         env = environments.with_explicit(environments.detect(), world_size, rank)
         self.strategy = strategies.resolve(strategy, env, init_method=init_method)
         self.strategy.attach(env, GroupOptions.of(device=device, backend=backend, init_method=init_method,
-                                                  timeout=timeout, stall_warning=stall_warning))
+                                                  timeout=timeout, stall_warning=settings.stall_warning))
         self._activity = self.strategy.activity  # what this rank's main thread reports; its watchdog reads it
         self.env = env
         # Everything the arguments can get wrong is checked before joining the group.
@@ -115,14 +118,15 @@ class Ring:
         self.strategy.configure(accumulate=accumulate, nonfinite=nonfinite, sync_batchnorm=sync_batchnorm)
         self.strategy.transform_blocks(BlockTransforms.of(activation_checkpointing, compile))  # per block, in order
         selfcheck.tolerance_of(resume_tolerance, torch.device("cpu"), deterministic)  # checked before the group forms
-        preemption = preempts.of(checkpoint_dir, preempt_signal, preempt_grace, requeue)
+        preemption = preempts.of(checkpoint_dir, settings, requeue,
+                                 given={"preempt_signal": preempt_signal, "preempt_grace": preempt_grace})
         self._log = tracking.RunLog(log_dir, log_with, checkpoint_dir, self._activity)
-        timeline = timelines.ring_target(timeline)
+        timeline = timelines.ring_target(settings.timeline)
         self.strategy.setup_environment()
         self._timeline = timelines.start_for_ring(timeline, env, self._activity)
         self._precision = precisions.Precision(precision, self.device)  # the device is claimed now
-        if (checks := collective_checks_of(debug_collectives)) is not None:
-            self.strategy.enable_collective_checks(checks)
+        if settings.debug_collectives is not None:
+            self.strategy.enable_collective_checks(settings.debug_collectives)
         self._seed = seed if seed is None else seed_everything(seed)
         self._sync_batchnorm = sync_batchnorm
         configure_kernels(deterministic, cudnn_benchmark)

@@ -262,10 +262,12 @@ def test_an_unreadable_lock_is_refused_not_overwritten(tmp_path):
 
 
 def test_job_names_come_from_the_launcher():
-    assert folder_lock.job_of({"TORCHELASTIC_RUN_ID": "abc"}) == "torchrun abc"
-    assert folder_lock.job_of({"TORCHELASTIC_RUN_ID": "none"}) is None  # torchrun's default names no job
-    assert folder_lock.job_of({"SLURM_JOB_ID": "42"}) == "Slurm job 42"
-    assert folder_lock.job_of({}) is None
+    from ringtrain.parallel.contract import read  # the job's name is the launcher contract's
+
+    assert read({"TORCHELASTIC_RUN_ID": "abc"}).job == "torchrun abc"
+    assert read({"TORCHELASTIC_RUN_ID": "none"}).job is None  # torchrun's default names no job
+    assert read({"SLURM_JOB_ID": "42"}).job == "Slurm job 42"
+    assert read({}).job is None
 
 
 def test_a_lock_written_before_the_pid_namespace_was_recorded_still_reads(tmp_path, capsys):

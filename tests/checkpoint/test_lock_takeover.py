@@ -25,9 +25,9 @@ import pytest
 from _launch_util import child_env
 
 import ringtrain as rt
-from ringtrain.checkpoint import lock as folder_lock
 from ringtrain.checkpoint.lock import LOCK, FolderLock, Owner
 from ringtrain.liveness import procs
+from ringtrain.parallel.contract import read
 
 ROUNDS = 20
 
@@ -58,8 +58,8 @@ def test_a_live_holder_with_this_run_id_in_another_pid_namespace_is_refused(tmp_
     run id. It used to take the folder over as "an earlier attempt of this job"."""
     folder, ready = tmp_path / "ckpt", tmp_path / "ready"
     folder.mkdir()
-    code = (f"import os, time, pathlib; from ringtrain.checkpoint import lock; "
-            f"lock.FolderLock({str(folder)!r}).acquire(lock.job_of(os.environ)); "
+    code = (f"import os, time, pathlib; from ringtrain.checkpoint import lock; from ringtrain.parallel import contract; "
+            f"lock.FolderLock({str(folder)!r}).acquire(contract.read().job); "
             f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)")
     holder = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
                               env=child_env(TORCHELASTIC_RUN_ID="456"), stdout=subprocess.PIPE,
@@ -73,7 +73,7 @@ def test_a_live_holder_with_this_run_id_in_another_pid_namespace_is_refused(tmp_
         held = json.loads((folder / LOCK).read_text())
         assert held["job"] == "torchrun 456" and held["pidns"] != procs.pid_namespace()
         with pytest.raises(rt.RingtrainError) as info:
-            FolderLock(str(folder)).acquire(folder_lock.job_of({"TORCHELASTIC_RUN_ID": "456"}))
+            FolderLock(str(folder)).acquire(read({"TORCHELASTIC_RUN_ID": "456"}).job)
         said = str(info.value)
         assert (f"is locked by pid {held['pid']} on host {held['host']} (pid namespace {held['pidns']}, "
                 f"torchrun 456, holding it since {held['since']})") in said

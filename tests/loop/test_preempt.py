@@ -20,6 +20,7 @@ from ringtrain.errors import RingtrainError
 from ringtrain.launcher import plan as plans, report, run, stacks
 from ringtrain.liveness import dump, membership, procs
 from ringtrain.loop import preempt
+from ringtrain.parallel import contract
 
 JOB = os.path.join(HELPERS, "_steps_jobs.py")
 
@@ -47,17 +48,26 @@ def test_preemption_options_need_a_checkpoint_dir():
     with pytest.raises(RingtrainError, match=r"preempt_signal, requeue without a checkpoint_dir(.|\n)*HINT: .*"
                                              r"checkpoint_dir="):
         rt.Ring(preempt_signal="USR1", requeue=True)
-    assert preempt.of(None, None, None, False) is None  # no folder, no options: SIGTERM ends the process
+    settings = contract.read({})
+    assert preempt.of(None, settings, False) is None  # no folder, no options: SIGTERM ends the process
+    with_variables = contract.read({"RINGTRAIN_PREEMPT_SIGNAL": "SIGUSR1"})
+    assert preempt.of(None, with_variables, False) is None  # ringtrain run's variables ask nothing of a ring without one
 
 
 def test_the_launchers_variables_are_the_defaults(tmp_path):
-    taken = preempt.of(str(tmp_path), None, None, False, {preempt.SIGNAL_ENV: "SIGUSR1", preempt.GRACE_ENV: "90"})
+    settings = contract.read({"RINGTRAIN_PREEMPT_SIGNAL": "SIGUSR1", "RINGTRAIN_PREEMPT_GRACE": "90",
+                              "RINGTRAIN_PREEMPTED_DIR": str(tmp_path), "SLURM_JOB_ID": "7"})
+    taken = preempt.of(str(tmp_path), settings, False)
     assert taken.signals == [signal.SIGTERM, signal.SIGUSR1] and taken.grace == 90.0
-    assert preempt.of(str(tmp_path), None, None, False, {}).grace == preempt.DEFAULT_GRACE
-    with pytest.raises(RingtrainError, match=preempt.GRACE_ENV):
-        preempt.of(str(tmp_path), None, None, False, {preempt.GRACE_ENV: "soon"})
-    with pytest.raises(RingtrainError, match=preempt.SIGNAL_ENV):
-        preempt.of(str(tmp_path), None, None, False, {preempt.SIGNAL_ENV: "KILL"})
+    assert (taken.marks, taken.slurm_job) == (str(tmp_path), "7")
+    assert preempt.of(str(tmp_path), contract.read({}), False).grace == preempt.DEFAULT_GRACE
+    with pytest.raises(RingtrainError, match="RINGTRAIN_PREEMPT_GRACE"):
+        contract.read({"RINGTRAIN_PREEMPT_GRACE": "soon"})
+    with pytest.raises(RingtrainError, match="RINGTRAIN_PREEMPT_SIGNAL"):
+        contract.read({"RINGTRAIN_PREEMPT_SIGNAL": "KILL"})
+    # the ring's keywords win over the variables (contract.override, where Ring decides)
+    kept = preempt.of(str(tmp_path), contract.override(settings, preempt_signal="HUP", preempt_grace=5), False)
+    assert kept.signals == [signal.SIGTERM, signal.SIGHUP] and kept.grace == 5.0
 
 
 def test_a_signal_is_only_noted_and_a_second_changes_nothing(capsys, monkeypatch):
@@ -100,13 +110,12 @@ def test_a_stale_note_left_in_place_ends_the_process_instead_of_recursing():
 
 
 def test_stacks_move_to_usr2_where_usr1_preempts(monkeypatch, tmp_path):
-    monkeypatch.delenv(dump.PREEMPT_SIGNAL_ENV, raising=False)
-    assert dump.stack_signal() == signal.SIGUSR1
+    assert dump.stack_signal(None) == signal.SIGUSR1
     assert dump.stack_signal("USR1") == dump.stack_signal("SIGUSR1") == signal.SIGUSR2
     assert dump.stack_signal("SIGTERM") == signal.SIGUSR1
-    monkeypatch.setenv(dump.PREEMPT_SIGNAL_ENV, "SIGUSR1")
-    assert dump.stack_signal() == signal.SIGUSR2
-    assert stacks.StackRequests(("127.0.0.1", 1)).signum == signal.SIGUSR2
+    assert dump.stack_signal(contract.read({"RINGTRAIN_PREEMPT_SIGNAL": "usr1"}).preempt_signal) == signal.SIGUSR2
+    assert stacks.StackRequests(("127.0.0.1", 1), preempt_signal="SIGUSR1").signum == signal.SIGUSR2
+    assert stacks.StackRequests(("127.0.0.1", 1)).signum == signal.SIGUSR1
     # ringtrain stacks PID reads the launcher's command line
     launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--preempt-signal", "USR1"])
     try:
@@ -131,7 +140,8 @@ def test_launcher_flags_reach_torchruns_agent_and_the_workers(tmp_path):
     assert plan.preempt_signal == "SIGUSR1"
     assert plan.torchrun["signals_to_handle"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
     assert plan.torchrun["shutdown_timeout"] == 90
-    assert plan.environment == {preempt.SIGNAL_ENV: "SIGUSR1", preempt.GRACE_ENV: "90"}
+    assert plan.environment == {"RINGTRAIN_PREEMPT_SIGNAL": "SIGUSR1", "RINGTRAIN_PREEMPT_GRACE": "90"}
+    assert contract.read(plan.environment).preempt_signal == "SIGUSR1"  # what the workers' rings read
     given = _plan(tmp_path, "--preempt-signal", "SIGUSR1", "--signals-to-handle", "SIGTERM,SIGUSR1",
                   "--shutdown-timeout", "12", "--preempt-grace", "60")
     assert given.torchrun["signals_to_handle"] == "SIGTERM,SIGUSR1" and given.torchrun["shutdown_timeout"] == 12
@@ -151,9 +161,10 @@ def test_bad_preemption_flags_exit_2_with_a_hint(tmp_path, capsys, argv, needle)
 
 
 def test_the_launchers_last_line_names_a_preemption_only_when_its_workers_saved_and_left(tmp_path):
-    preempt.mark(0, 7, {preempt.MARKS_ENV: str(tmp_path)})
-    preempt.mark(1, 7, {preempt.MARKS_ENV: str(tmp_path)})
-    preempt.mark(2, 7, {})  # no agent: nothing written
+    preempt.mark(0, 7, str(tmp_path))
+    preempt.mark(1, 7, str(tmp_path))
+    preempt.mark(2, 7, None)  # no agent: nothing written
+    (tmp_path / contract.SIGNALLED).write_text("15")  # the agent's own word is no rank's mark
     marks = preempt.marked(str(tmp_path))
     assert marks == {0: 7, 1: 7}
     said = report.preempted(marks, signame="SIGTERM")
@@ -167,11 +178,10 @@ def test_the_launchers_last_line_names_a_preemption_only_when_its_workers_saved_
 def test_a_sigterm_under_ringtrain_run_is_a_preemption_only_when_the_agent_was_signalled(tmp_path):
     # torchrun's agent stops its workers with SIGTERM for its own reasons (a failure, a restart, a node joining):
     # those must end them at once. ringtrain run's agent writes SIGNALLED when a signal reached it.
-    environ = {preempt.MARKS_ENV: str(tmp_path)}
-    assert not preempt.agent_signalled(environ, wait_s=0.1)
+    assert not preempt.agent_signalled(str(tmp_path), wait_s=0.1)
     (tmp_path / preempt.SIGNALLED).write_text("15")
-    assert preempt.agent_signalled(environ, wait_s=0.1)
-    assert preempt.agent_signalled({}, wait_s=0.1)  # no agent to ask (torchrun, srun, one process): a preemption
+    assert preempt.agent_signalled(str(tmp_path), wait_s=0.1)
+    assert preempt.agent_signalled(None, wait_s=0.1)  # no agent to ask (torchrun, srun, one process): a preemption
 
 
 def _one_process(out, *options: str) -> subprocess.CompletedProcess:

@@ -53,7 +53,7 @@ import os
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Iterator, Mapping
+from typing import Iterator
 
 from ..errors import RingtrainError
 from ..liveness.procs import ProcessId
@@ -63,17 +63,6 @@ LOCK = "ringtrain.lock"
 CLAIM_WAIT = 5.0  # seconds a contender waits for another's take-over (a few milliseconds) to finish
 _NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF)
 _NO_LINK = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS)
-
-
-def job_of(environ: Mapping[str, str]) -> str | None:
-    """The job this process belongs to, as its launcher names it (the same on every rank and restart). It is
-    shown, never trusted: two jobs can be given the same id."""
-    run_id = environ.get("TORCHELASTIC_RUN_ID", "")
-    if run_id and run_id != "none":  # torchrun's default --rdzv-id "none" names no job
-        return f"torchrun {run_id}"
-    if environ.get("SLURM_JOB_ID"):
-        return f"Slurm job {environ['SLURM_JOB_ID']}"
-    return None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ The state machine, top to bottom:
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from typing import Any
@@ -32,6 +31,7 @@ from ..liveness.records import PREEMPTED
 from ..loop.data import RingLoader
 from ..loop.held import Held
 from ..loop.preempt import EXIT_CODE, Preempted, mark, requeue
+from ..parallel import contract
 from . import files, fingerprint, lock, policy, rng, sharded, state
 from .folder import CheckpointDir
 from .selfcheck import LossRecord, check_folder
@@ -90,7 +90,7 @@ class Resumer(StateFiles):
         def claim() -> list[str]:
             self.checkpoints.check_writable()  # a folder that cannot take a checkpoint is named now, not at step N
             self._lock = lock.FolderLock(self.checkpoints.folder)
-            said = [self._lock.acquire(lock.job_of(os.environ))]
+            said = [self._lock.acquire(contract.read().job)]  # shown on the lock, never trusted
             try:
                 self.checkpoints.prepare()
                 if self.resume == "never" and self.strategy.env.restart_count == 0:
@@ -271,10 +271,10 @@ class Resumer(StateFiles):
         said = (f"ringtrain: preempted ({name}) at step {number}: checkpoint {path} written in {took:.1f} s; exit "
                 f"{EXIT_CODE}: run the same command to resume from it")
         self.say(said)
-        mark(self.strategy.rank, number)  # for this node's ringtrain run, which exits 75 when its workers did
+        mark(self.strategy.rank, number, preemption.marks)  # for this node's ringtrain run: it exits 75 when its workers did
         self.strategy.finish(f"{PREEMPTED}{number}")  # the peers read a preemption, not a failure
         if self.is_main and preemption.requeue:
-            self.say(requeue())
+            self.say(requeue(preemption.slurm_job))
         raise Preempted(said)
 
     # --- 3: periodic saves ----------------------------------------------------------------

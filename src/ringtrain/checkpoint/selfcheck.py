@@ -23,17 +23,17 @@ from typing import Any
 import torch
 
 from ..errors import RingtrainError
+from ..parallel import contract
 
 LATER_STEPS = 8  # steps after the first one also compared (loosely)
 LATER_TOLERANCE = 1e-2  # relative: a different batch or data stream, not the last bits of a sum
 FLUSH_EVERY = 32  # losses on a device are read in groups (reading each would stall its queue every step)
-# ``ringtrain run --check-resume``: the folder this attempt's rings save into, a checkpoint every step
-# (launcher/check_resume.py sets it for the workers).
-CHECK_ENV = "RINGTRAIN_CHECK_RESUME"
 
 
-def check_folder(environ: Any = os.environ) -> str | None:
-    return environ.get(CHECK_ENV) or None
+def check_folder() -> str | None:
+    """``ringtrain run --check-resume``: the folder this attempt's rings save into, a checkpoint every step
+    (launcher/check_resume.py sets it for the workers: contract.Settings.check_resume)."""
+    return contract.read().check_resume
 
 
 def read_record(path: str) -> dict[tuple[int, int], float]:

@@ -9,7 +9,8 @@ rank within seconds when a peer fails or finishes while this rank still waits fo
 (Horovod: "Horovod has been shut down ... after one of the ranks finished execution").
 With no launcher it is a job of one process and no group is needed.
 
-Read at ``init()``, as Horovod reads them: ``HOROVOD_FUSION_THRESHOLD`` (bytes per
+Read at ``init()`` (through the launcher contract, parallel/contract.py), as Horovod reads them:
+``HOROVOD_FUSION_THRESHOLD`` (bytes per
 gradient bucket, default 64 MiB), ``RINGTRAIN_HVD_CHECKS=0`` (turn the
 cross-rank metadata check off; ``init(checks=False)`` does the same) and
 ``RINGTRAIN_DEBUG_COLLECTIVES=1`` (or a number of seconds: the check travels through the
@@ -20,7 +21,6 @@ rendezvous store instead, so a rank that never arrives is named after that long,
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,7 @@ from ..comm import DEFAULT_FUSION_THRESHOLD, GLOBAL, ProcessSet, ProcessSetTable
 from ..comm.store_check import StoreRows
 from ..errors import RingtrainError
 from ..liveness.activity import Activity
-from ..parallel import environments
+from ..parallel import contract, environments
 from ..parallel.group import GroupOptions, ProcessGroup
 from ..tracking import timeline
 
@@ -68,16 +68,6 @@ class _Runtime:
 RUNTIME = _Runtime()
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError as e:
-        raise RingtrainError(f"{name}={value!r} is not an integer", f"set {name} to a number of bytes or unset it.") from e
-
-
 def init(comm=None, process_sets=None, *, checks: bool | None = None) -> None:
     """Join the job (a no-op if already initialized). ``process_sets``: sets to register now, or "dynamic"."""
     if comm is not None:
@@ -100,18 +90,19 @@ def init(comm=None, process_sets=None, *, checks: bool | None = None) -> None:
         # one of the API's own when a ring made the group.
         rt.activity = rt.group.activity if rt.group is not None else Activity()
         GLOBAL.activity = rt.activity  # a timeline hears the API's gradient buckets
-        rt.checks = os.environ.get("RINGTRAIN_HVD_CHECKS", "1") not in ("0", "false", "False") if checks is None else checks
-        rt.fusion_threshold = _env_int("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD)
+        settings = contract.read()  # the launcher's (and Horovod's own) variables, read once here
+        rt.checks = settings.hvd_checks if checks is None else checks
+        rt.fusion_threshold = DEFAULT_FUSION_THRESHOLD if settings.fusion_threshold is None else settings.fusion_threshold
         rt.table.reset()
         GLOBAL.bind()
-        debug = os.environ.get("RINGTRAIN_DEBUG_COLLECTIVES", "0")
-        if debug not in ("", "0") and rt.group is not None and rt.checks and GLOBAL.checker is None:
+        debug = settings.debug_collectives
+        if debug is not None and rt.group is not None and rt.checks and GLOBAL.checker is None:
             # Once per group: after shutdown() and init() the rounds go on where they were.
-            GLOBAL.checker = StoreRows(rt.group.check_store(), 60.0 if debug == "1" else float(debug), "hvd-check")
+            GLOBAL.checker = StoreRows(rt.group.check_store(), debug, "hvd-check")
         _topology(rt, env)
         rt.initialized = True
         # HOROVOD_TIMELINE=file (Horovod's; DYNAMIC: wait for start_timeline) or ringtrain run --timeline's folder.
-        wanted = os.environ.get("HOROVOD_TIMELINE") or os.environ.get(timeline.ENV)
+        wanted = settings.horovod_timeline or settings.timeline
         if wanted and wanted != "DYNAMIC" and rt.activity.recorder is None:
             start_timeline(wanted)
     elif checks is not None:

@@ -8,6 +8,8 @@ before torch loads.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import os
 import shutil
@@ -17,7 +19,7 @@ import time
 
 from ..liveness import procs
 from ..liveness.records import PREEMPTED_EXIT
-from ..loop import preempt
+from ..parallel import contract
 from . import leftovers, preflight, torchrun_flags
 from .plan import Plan
 from .ports import TORCHRUN_DEFAULT_PORT, is_loopback
@@ -86,7 +88,7 @@ def _say_plan(plan: Plan, args, threads: tuple[int, str] | None) -> None:
     rendezvous = f"{args.rdzv_backend} at {args.rdzv_endpoint} ({'elastic' if plan.elastic else 'fixed nodes'})"
     print(f"ringtrain run: node {plan.node_rank} of {plan.nnodes}, {plan.nproc} worker(s) running "
           f"{' '.join([plan.target, *plan.target_args])}; rendezvous {rendezvous}", file=sys.stderr)
-    for key in sorted({**plan.environment, **({"RINGTRAIN_TIMELINE": plan.timeline} if plan.timeline else {})}):
+    for key in sorted({**plan.environment, **contract.to_environ(timeline=plan.timeline)}):
         print(f"ringtrain run:   {key}={os.environ[key]}", file=sys.stderr)
     if threads is not None:
         print(f"ringtrain run:   OMP_NUM_THREADS={threads[0]} ({threads[1]}; set it yourself to choose)",
@@ -96,7 +98,7 @@ def _say_plan(plan: Plan, args, threads: tuple[int, str] | None) -> None:
 def execute(plan: Plan) -> int:
     """Run the job through torchrun's agent in this process; return the exit code."""
     # what the job needs, loaded once it starts (fast --help)
-    from ..liveness.seal import AGENT_NONCE_ENV, SECRET_ENV, job_secret, new_nonce
+    from ..liveness.seal import job_secret, new_nonce
 
     # The board's seal (seal.py): the workers inherit the job's secret through the environment only, and a nonce
     # drawn now, which their hellos carry: the hellos of this job's workers are the ones this agent reads the
@@ -104,23 +106,13 @@ def execute(plan: Plan) -> int:
     secret, unsealed = job_secret(multi_node=plan.max_nodes > 1, loopback=is_loopback(plan.master_addr))
     if unsealed:
         print(unsealed, file=sys.stderr, flush=True)
-    previous, previous_nonce = os.environ.get(SECRET_ENV), os.environ.get(AGENT_NONCE_ENV)
-    if secret is not None:
-        os.environ[SECRET_ENV] = secret  # for the workers, and this agent's own reads of the board
-        os.environ[AGENT_NONCE_ENV] = new_nonce()
-    try:
+    sealing = contract.to_environ(job_secret=secret, agent_nonce=new_nonce()) if secret is not None else {}
+    with contract.exported(sealing):  # for the workers, and this agent's own reads of the board
         return _execute(plan)
-    finally:
-        if previous is None:
-            os.environ.pop(SECRET_ENV, None)
-        if previous_nonce is None:
-            os.environ.pop(AGENT_NONCE_ENV, None)
-        else:
-            os.environ[AGENT_NONCE_ENV] = previous_nonce
 
 
 def _say_when_signalled(marks: str, stops=None):
-    """Before torchrun's agent passes a signal it got on to the workers, write ``preempt.SIGNALLED`` into
+    """Before torchrun's agent passes a signal it got on to the workers, write ``contract.SIGNALLED`` into
     ``marks``: its workers then know a SIGTERM is a preemption to answer with a checkpoint, not one of the
     agent's own stops (a failure, a restart, a node joining), which end them at once. torchrun's handler is
     ``torch.distributed.elastic.multiprocessing.api._terminate_process_handler``, registered by name at every
@@ -136,7 +128,7 @@ def _say_when_signalled(marks: str, stops=None):
     def signalled(signum, frame):
         if stops is not None:
             stops.signalled()
-        with open(os.path.join(marks, preempt.SIGNALLED), "w") as f:
+        with open(os.path.join(marks, contract.SIGNALLED), "w") as f:
             f.write(str(signum))
         original(signum, frame)  # raises torchrun's SignalException: it passes the signal on and waits
 
@@ -202,36 +194,40 @@ def _execute(plan: Plan) -> int:
         store, port = host_store(plan.master_addr, wanted, plan.timeout)
     elif port is None:
         port = TORCHRUN_DEFAULT_PORT
+    # What the workers inherit from this process's environment beside torchrun's own variables (torchrun's agent
+    # passes its environment on): set here, each before what reads it, and all put back when the job is over.
+    workers = contextlib.ExitStack()
+    variables: dict[str, str] = {}
     if plan.gpus is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, plan.gpus))
+        variables["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, plan.gpus))
     if is_loopback(plan.master_addr):
         # Only this machine can reach a loopback master: every node is here (several with -H
-        # localhost:1,127.0.0.1:1), so Gloo need not listen anywhere else.
-        keep_gloo_on_loopback(os.environ)  # the workers inherit this process's environment
-    if plan.elastic:
+        # localhost:1,127.0.0.1:1), so Gloo need not listen anywhere else (unless the user chose an interface).
+        keep_gloo_on_loopback(collections.ChainMap(variables, os.environ))
+    if plan.elastic and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in os.environ:
         # c10d's agent shares one TCPStore with the workers of every round, and restarted
         # workers read the dead round's keys (rendezvous.py; pytorch/pytorch#135712): with
         # sharing off, each round's workers get a store of their own on a new port.
-        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-
-    if plan.timeline is not None:
-        os.environ["RINGTRAIN_TIMELINE"] = plan.timeline  # a ring (or hvd.init) in each worker records there
-    os.environ.update(plan.environment)  # horovodrun's flags, as the variables it sets
+        variables["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    variables.update(contract.to_environ(timeline=plan.timeline))  # a ring (or hvd.init) in each worker records there
+    variables.update(plan.environment)  # the flags for the workers (--preempt-signal, horovodrun's), as variables
+    workers.enter_context(contract.exported(variables))
     args = torchrun_args(plan, port)
     # The workers' CPU threads, when the user has not chosen: every rank on this machine shares its cores. Set
     # before torchrun's config_from_args, which would otherwise set 1 and print its four-line banner.
     threads = preflight.threads_per_worker(plan, torchrun.determine_local_world_size(args.nproc_per_node))
     if threads is not None:
-        os.environ["OMP_NUM_THREADS"] = str(threads[0])
+        workers.enter_context(contract.exported({"OMP_NUM_THREADS": str(threads[0])}))
     if plan.verbose:
         _say_plan(plan, args, threads)
     # kill -USR1 on this process (ringtrain stacks): every rank prints its stack (stacks.py).
-    requests = StackRequests((plan.master_addr, port), store)
+    preempt_signal = contract.read().preempt_signal  # --preempt-signal's, or the user's RINGTRAIN_PREEMPT_SIGNAL
+    requests = StackRequests((plan.master_addr, port), store, preempt_signal=preempt_signal)
     requests.install()
     # Where this node's workers say they saved a preemption checkpoint and left (loop/preempt.py): read once they
     # are gone, here, whatever became of the job's store.
     marks = tempfile.mkdtemp(prefix="ringtrain-preempted-")
-    os.environ[preempt.MARKS_ENV] = marks
+    workers.enter_context(contract.exported(contract.to_environ(marks=marks)))
     # The signals the agent sends its workers itself, for the report: a SIGTERM it did not send came from outside.
     stops = exits.Stops(grace=args.shutdown_timeout)
     restore_stops = stops.watch()
@@ -243,7 +239,7 @@ def _execute(plan: Plan) -> int:
         with _SaidBetter():
             torchrun.run(args)
     except ChildFailedError as e:
-        said = report.preempted(preempt.marked(marks), e.failures)
+        said = report.preempted(contract.marked(marks), e.failures)
         if said:  # every worker saved and exited 75 (loop/preempt.py): not a failure
             print(said, file=sys.stderr, flush=True)
             return PREEMPTED_EXIT
@@ -264,13 +260,13 @@ def _execute(plan: Plan) -> int:
         return 1
     except SignalException as e:
         # torchelastic passed the signal on and waited (--shutdown-timeout) for the workers to leave.
-        said = report.preempted(preempt.marked(marks), signame=e.sigval.name)
+        said = report.preempted(contract.marked(marks), signame=e.sigval.name)
         if said:
             print(said, file=sys.stderr, flush=True)
             return PREEMPTED_EXIT
-        if e.sigval.name in ("SIGTERM", os.environ.get(preempt.SIGNAL_ENV)):  # a preemption: did anything save?
+        if e.sigval.name in ("SIGTERM", preempt_signal):  # a preemption: did anything save?
             attempt = store if plan.elastic else rendezvous.workers_store(store, port)[0]
-            unsaved = report.preemption_not_saved(preempt.marked(marks), job_board(attempt), stops, e.sigval.name)
+            unsaved = report.preemption_not_saved(contract.marked(marks), job_board(attempt), stops, e.sigval.name)
             if unsaved:
                 print(unsaved, file=sys.stderr, flush=True)
                 return 128 + int(e.sigval)
@@ -282,15 +278,13 @@ def _execute(plan: Plan) -> int:
             master_addr=plan.master_addr, port=port, timeout=plan.timeout, error=e,
             seconds=time.monotonic() - started) from e
     finally:
-        if threads is not None:
-            os.environ.pop("OMP_NUM_THREADS", None)  # this process's environment is the caller's again
+        workers.close()  # this process's environment is the caller's again
         requests.uninstall()
         if adopted:
             leftovers.stop_leftovers(before, lambda line: print(f"ringtrain run: {line}", file=sys.stderr, flush=True))
         restore_handler()
         restore_stops()
         shutil.rmtree(marks, ignore_errors=True)
-        os.environ.pop(preempt.MARKS_ENV, None)
         remove_native_dumps()
         if plan.timeline is not None:
             from ..tracking.timeline import merge_after_job  # only a --timeline job needs it

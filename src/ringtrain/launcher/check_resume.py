@@ -18,6 +18,7 @@ import tempfile
 from typing import Any, Callable
 
 from ..errors import RingtrainError
+from ..parallel import contract
 
 
 def _say(text: str) -> None:
@@ -32,8 +33,6 @@ def check_step(value: int | None) -> int | None:
 
 
 def run(plan: Any, step: int, execute: Callable[[Any], int]) -> int:
-    from ..checkpoint.selfcheck import CHECK_ENV  # torch, once the job starts (fast --help)
-
     if plan.max_nodes > 1:
         raise RingtrainError("--check-resume runs the job twice on this machine; it takes one node",
                              "check the script's resume on one node (e.g. --nproc-per-node 2), then run it on many.")
@@ -41,15 +40,8 @@ def run(plan: Any, step: int, execute: Callable[[Any], int]) -> int:
     reference, resumed = os.path.join(root, "uninterrupted"), os.path.join(root, "resumed")
 
     def attempt(folder: str) -> int:
-        previous = os.environ.get(CHECK_ENV)
-        os.environ[CHECK_ENV] = folder  # the workers' rings save here (checkpoint/selfcheck.check_folder)
-        try:
+        with contract.exported(contract.to_environ(check_resume=folder)):  # the workers' rings save here
             return execute(plan)
-        finally:
-            if previous is None:
-                os.environ.pop(CHECK_ENV, None)
-            else:
-                os.environ[CHECK_ENV] = previous
 
     _say(f"1/2: the uninterrupted run, a checkpoint every step into {reference}")
     rc = attempt(reference)

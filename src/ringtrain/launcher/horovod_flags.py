@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import RingtrainError
+from ..parallel import contract
 from .torchrun_flags import Flag
 
 _SWITCH = {"action": "store_true", "default": None}
@@ -199,9 +200,9 @@ def environment(ns: argparse.Namespace) -> tuple[dict, list]:
     if getattr(ns, "tcp_flag", None):
         env["NCCL_IB_DISABLE"] = "1"
     if getattr(ns, "no_stall_check", None):
-        env["RINGTRAIN_STALL_WARNING"] = "0"
+        env.update(contract.to_environ(stall_warning=None))  # never
     elif getattr(ns, "stall_warning", None) is not None:
-        env["RINGTRAIN_STALL_WARNING"] = str(ns.stall_warning)
+        env.update(contract.to_environ(stall_warning=ns.stall_warning))
     return env, inert
 
 

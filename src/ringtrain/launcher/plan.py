@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 
 from ..errors import RingtrainError
+from ..parallel import contract
 from . import horovod_flags, scripts, torchrun_flags
 from .flags import DEFAULT_TIMEOUT, NPROC_WORDS
 from .ports import LOOPBACK, is_loopback
@@ -177,21 +178,19 @@ def _preemption(ns: argparse.Namespace, torchrun: dict, environment: dict) -> st
     (RINGTRAIN_PREEMPT_SIGNAL, RINGTRAIN_PREEMPT_GRACE), torchrun's agent passes the signal on to them
     (``--signals-to-handle``) and waits the grace for them to save (``--shutdown-timeout``), unless those
     flags are given. Returns the signal's name."""
-    from ..loop import preempt  # no torch: argument errors stay fast
-
     name = None
     given = getattr(ns, "preempt_signal", None)
     if given is not None:
-        name = signal.Signals(preempt.signal_of(given, "--preempt-signal")).name
-        environment[preempt.SIGNAL_ENV] = name
+        name = signal.Signals(contract.signal_of(given, "--preempt-signal")).name
+        environment.update(contract.to_environ(preempt_signal=name))
         if name != "SIGTERM":
             handled = torchrun.get("signals_to_handle") or "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
             if name not in [s.strip() for s in handled.split(",")]:
                 torchrun["signals_to_handle"] = f"{handled},{name}"
     grace = getattr(ns, "preempt_grace", None)
     if grace is not None:
-        grace = preempt.check_grace(grace, "--preempt-grace")
-        environment[preempt.GRACE_ENV] = f"{grace:g}"
+        grace = contract.check_grace(grace, "--preempt-grace")
+        environment.update(contract.to_environ(preempt_grace=grace))
         if torchrun.get("shutdown_timeout") is None:
             torchrun["shutdown_timeout"] = math.ceil(grace)
     return name
@@ -211,9 +210,7 @@ def _check_numbers(ns: argparse.Namespace) -> None:
     if shutdown is not None and not 0 <= shutdown <= MAX_SECONDS:
         raise RingtrainError(f"--shutdown-timeout {shutdown}: must be 0 to {MAX_SECONDS:,} seconds",
                              "torchrun's default is 30: the seconds stopping workers get before SIGKILL.")
-    from ..liveness.watchdog import stall_warning_of  # no torch: the workers' watchdogs read the same variable
-
-    stall_warning_of("default", os.environ)  # RINGTRAIN_STALL_WARNING=nan would never fire: refused here, once
+    contract.read()  # what the workers will read (RINGTRAIN_STALL_WARNING=nan would never fire): refused here, once
     log_dir = getattr(ns, "log_dir", None)
     if log_dir is not None and (not log_dir or (os.path.lexists(log_dir) and not os.path.isdir(log_dir))):
         raise RingtrainError(f"--log-dir {log_dir!r} is not a folder" + (" (a file is there)" if log_dir else ""),

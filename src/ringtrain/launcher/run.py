@@ -406,7 +406,7 @@ import sys
 import threading
 
 from ..errors import RingtrainError
-from ..loop import preempt
+from ..parallel import contract
 from . import check_resume, discovery, flags, horovod_flags, hosts, preflight
 from .agent import execute
 from .plan import plan_from_args
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ringtrain run: {e}", file=sys.stderr)
         return 2
     if ns.hosts is not None or ns.hostfile is not None:
-        return hosts.run_nodes(nodes, preempt_signal=preempt.signal_of(ns.preempt_signal, "--preempt-signal")
+        return hosts.run_nodes(nodes, preempt_signal=contract.signal_of(ns.preempt_signal, "--preempt-signal")
                                if ns.preempt_signal else None)
     try:
         check_resume.check_step(ns.check_resume)

@@ -115,10 +115,10 @@ class StackRequests:
     waits for the answers and names (and signals) the ranks that do not answer.
     """
 
-    def __init__(self, master: tuple[str, int], store: Any = None):
+    def __init__(self, master: tuple[str, int], store: Any = None, *, preempt_signal: str | None = None):
         self.master, self.store = master, store
         self._previous: Any = None
-        self.signum = dump.stack_signal()  # SIGUSR2 where SIGUSR1 preempts the job (--preempt-signal USR1)
+        self.signum = dump.stack_signal(preempt_signal)  # SIGUSR2 where SIGUSR1 preempts the job (--preempt-signal USR1)
 
     def install(self) -> None:
         if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():

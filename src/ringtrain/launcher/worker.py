@@ -111,9 +111,16 @@ def die_with_parent(parent_pid: int) -> None:
 def answer_sigusr1() -> None:
     """``kill -USR1 <worker>``: print this worker's stacks (every thread), go on. faulthandler's handler
     works even while the main thread is blocked in native code (a collective)."""
-    from ringtrain.liveness import dump  # liveness: no torch (see the module's docstring)
+    # no torch (see the module's docstring): errors, liveness and the launcher's contract
+    from ringtrain.errors import RingtrainError
+    from ringtrain.liveness import dump
+    from ringtrain.parallel import contract
 
-    stacks = dump.stack_signal()  # SIGUSR2 under --preempt-signal USR1
+    try:
+        preempt = contract.read().preempt_signal
+    except RingtrainError:  # a bad variable: the ring says so; the stacks stay on SIGUSR1 here
+        preempt = None
+    stacks = dump.stack_signal(preempt)  # SIGUSR2 under --preempt-signal USR1
     if hasattr(signal, "SIGUSR1") and signal.getsignal(stacks) == signal.SIG_DFL:
         faulthandler.register(stacks, all_threads=True, chain=False)  # a handler the script sets wins
 
@@ -132,8 +139,9 @@ def observe_plain_script(poll_s: float = 1.0) -> None:
                 break
         time.sleep(2 * poll_s)  # a ring forms its group and then starts its own watchdog: let it
         # imported only now: the worker entry loads nothing of ringtrain before the user's script runs
+        from ringtrain.errors import RingtrainError
         from ringtrain.liveness import membership as liveness, watchdog
-        from ringtrain.parallel import environments
+        from ringtrain.parallel import contract, environments
 
         if liveness.has_joined():
             return
@@ -145,8 +153,8 @@ def observe_plain_script(poll_s: float = 1.0) -> None:
         if board is None:
             return
         try:
-            stall_warning = watchdog.stall_warning_of()
-        except Exception:  # a bad RINGTRAIN_STALL_WARNING: the ring would say so; here keep the default
+            stall_warning = contract.read().stall_warning
+        except RingtrainError:  # a bad RINGTRAIN_STALL_WARNING: the ring would say so; here keep the default
             stall_warning = watchdog.STALL_WARNING_S
         board.hello()
         dog = watchdog.Watchdog(board, backward_syncs=True, error_file=None, stall_warning=stall_warning,
@@ -202,11 +210,18 @@ def native_dump_path(launcher_pid: int, rank: int | str) -> str:
 
 def native_dump_file():
     """The open file for ``native_dump_path`` of this worker; stderr when it cannot be made (or no launcher)."""
-    launcher = os.environ.get("RINGTRAIN_LAUNCHER_PID")
+    # no torch: the launcher's settings
+    from ringtrain.errors import RingtrainError
+    from ringtrain.parallel import contract
+
+    try:
+        launcher = contract.read().launcher_pid
+    except RingtrainError:
+        launcher = None
     if not launcher or "RANK" not in os.environ:
         return sys.stderr
     try:
-        return open(native_dump_path(int(launcher), os.environ["RANK"]), "w")  # noqa: SIM115 - open for life
+        return open(native_dump_path(launcher, os.environ["RANK"]), "w")  # noqa: SIM115 - open for life
     except OSError:
         return sys.stderr
 
@@ -319,7 +334,9 @@ def main(argv: list) -> None:
         )
     mode, local_rank_arg, launcher_pid, target, *args = argv
     die_with_parent(int(launcher_pid))  # the agent (`ringtrain run`) started this process (kept across exec)
-    os.environ["RINGTRAIN_LAUNCHER_PID"] = launcher_pid  # for native_dump_file (read here only)
+    from ringtrain.parallel import contract  # no torch: the launcher's settings, written as the contract says
+
+    os.environ.update(contract.to_environ(launcher_pid=int(launcher_pid)))  # for native_dump_file (read here only)
     answer_sigusr1()
     observe_plain_script()
     if horovod:

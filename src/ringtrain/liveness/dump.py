@@ -20,14 +20,13 @@ import time
 from typing import IO
 
 SIGNAL = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else None  # glibc keeps SIGRTMIN and +1 for itself
-PREEMPT_SIGNAL_ENV = "RINGTRAIN_PREEMPT_SIGNAL"  # ringtrain run --preempt-signal: the job's preemption signal
 
 
-def stack_signal(preempt: str | None = None) -> int:
+def stack_signal(preempt: str | None) -> int:
     """The signal a person sends for stacks (``ringtrain stacks``, ``kill -USR1``): SIGUSR1, or SIGUSR2 where
     SIGUSR1 is the job's preemption signal (``--preempt-signal USR1``, as Slurm's ``--signal=USR1@90``).
-    ``preempt``: that signal's name; default: this process's ``RINGTRAIN_PREEMPT_SIGNAL``."""
-    name = (os.environ.get(PREEMPT_SIGNAL_ENV, "") if preempt is None else str(preempt)).strip().upper()
+    ``preempt``: that signal's name (the launcher contract's ``Settings.preempt_signal``), or None."""
+    name = ("" if preempt is None else str(preempt)).strip().upper()
     usr1 = name in ("USR1", "SIGUSR1") or (name.isdigit() and int(name) == signal.SIGUSR1)
     return int(signal.SIGUSR2 if usr1 else signal.SIGUSR1)
 

@@ -78,8 +78,9 @@ class Membership:
 
     def __init__(self, board: Board, activity: Activity | None = None, *, backward_syncs: bool,
                  error_file: str | None, watch: bool = True, stall_warning: float | None = STALL_WARNING_S,
-                 stopping: bool = True, note: str | None = None):
+                 stopping: bool = True, note: str | None = None, preempt_signal: str | None = None):
         self.board = board
+        self.preempt_signal = preempt_signal  # the job's (ringtrain run --preempt-signal): stacks move off SIGUSR1
         self.error_file = error_file
         self.watchdog = Watchdog(board, activity, backward_syncs=backward_syncs, error_file=error_file,
                                  stall_warning=stall_warning, note=note,
@@ -91,7 +92,7 @@ class Membership:
     def start(self) -> None:
         global _ACTIVE
         self.board.hello()
-        stacks = dump.stack_signal()
+        stacks = dump.stack_signal(self.preempt_signal)
         if hasattr(signal, "SIGUSR1") and signal.getsignal(stacks) == signal.SIG_DFL:
             # kill -USR1 <this rank>: its stacks, even while blocked in a collective (plain torchrun too).
             # Only where nobody handles it (Slurm's --signal=USR1 requeue handlers keep theirs).

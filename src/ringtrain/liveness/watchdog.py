@@ -39,7 +39,6 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..errors import RingtrainError
 from . import dump, failures, procs, stall
 from .activity import (Activity, blocked_in, checkpoint_call, engine_sequence, format_stacks, in_backward,
                        in_collective, preemptible, user_site)
@@ -53,38 +52,6 @@ PUBLISH_S = 1.0
 STOPPED_EXIT_CODE = 1
 
 Verdict = tuple[str, dict[str, Any]]
-
-
-def collective_checks_of(value: bool | float, environ: Any = os.environ) -> float | None:
-    """``Ring(debug_collectives=...)``: the checks' timeout in seconds, or None (off); ``False`` defers to the
-    user's ``RINGTRAIN_DEBUG_COLLECTIVES`` switch (anything but ``0``/empty turns them on)."""
-    if value is False and environ.get("RINGTRAIN_DEBUG_COLLECTIVES", "0") not in ("", "0"):
-        value = True
-    return None if value is False else 60.0 if value is True else float(value)
-
-
-def stall_warning_of(value: float | None | str = "default", environ: Any = os.environ) -> float | None:
-    """``Ring(stall_warning=...)``: seconds, or None (never); by default the user's ``RINGTRAIN_STALL_WARNING``
-    (``0`` or ``off``: never), else ``STALL_WARNING_S``."""
-    text = ""
-    if value == "default":
-        text = environ.get("RINGTRAIN_STALL_WARNING", "").strip().lower()
-        if not text:
-            return STALL_WARNING_S
-        if text in ("0", "off", "none", "never"):
-            return None
-        try:
-            value = float(text)
-        except ValueError:
-            raise RingtrainError(f"RINGTRAIN_STALL_WARNING={text!r} is not a number of seconds",
-                                 "set it to seconds (e.g. 60), or 0 to turn stall reports off.") from None
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise RingtrainError(f"Ring got stall_warning={value!r}" + (" (from RINGTRAIN_STALL_WARNING)" if text else ""),
-                             "give the seconds a rank may wait in a collective before the stall report (e.g. 60), "
-                             "or None for no report.")
-    return float(value)
 
 
 def vanished_blame(rank: int) -> Blame:

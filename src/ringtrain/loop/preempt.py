@@ -24,12 +24,10 @@ from typing import Any
 
 from ..errors import RingtrainError
 from ..liveness.activity import answers_preemption
-from ..liveness.dump import PREEMPT_SIGNAL_ENV as SIGNAL_ENV  # ringtrain run --preempt-signal: the rings' default
 from ..liveness.membership import has_left
 from ..liveness.records import PREEMPTED_EXIT as EXIT_CODE
-
-_NOT_PREEMPTION = tuple(getattr(signal, name) for name in ("SIGKILL", "SIGSTOP", "SIGINT", "SIGUSR2", "SIGCHLD")
-                        if hasattr(signal, name))
+from ..parallel import contract
+from ..parallel.contract import DEFAULT_GRACE, SIGNALLED, check_grace, mark, marked, signal_of  # noqa: F401 - the loop's names
 
 class Preempted(SystemExit):
     """Raised at the safe point after the preemption checkpoint is on disk: the process ends with EXIT_CODE."""
@@ -39,72 +37,30 @@ class Preempted(SystemExit):
         self.message = message
 
 
-def signal_of(value: Any, what: str = "Ring(preempt_signal=...)") -> int | None:
-    """``Ring(preempt_signal=...)``: ``"SIGUSR1"``, ``"USR1"``, ``signal.SIGUSR1``, ``10``, or None (SIGTERM
-    alone)."""
-    if value is None:
-        return None
-    if isinstance(value, signal.Signals) or (isinstance(value, int) and not isinstance(value, bool)):
-        return int(value)
-    text = str(value).strip().upper()
-    if text.isdigit():
-        found: Any = next((s for s in signal.Signals if s.value == int(text)), None)
-    else:
-        found = getattr(signal, text if text.startswith("SIG") else f"SIG{text}", None)
-    if not isinstance(found, signal.Signals) or found in _NOT_PREEMPTION:
-        raise RingtrainError(f"{what} got {value!r}, which is not a signal a scheduler preempts with",
-                             "give the signal the scheduler sends ahead of the end, e.g. SIGUSR1 (Slurm's "
-                             "--signal=USR1@90); SIGTERM is always taken. Not SIGKILL/SIGSTOP (they cannot be "
-                             "caught), SIGINT (Ctrl-C stops the job) or SIGUSR2 (the stack request's).")
-    return int(found)
 
 
-def check_grace(value: Any, what: str = "Ring(preempt_grace=...)") -> float:
-    """The seconds a preemption leaves before SIGKILL: a positive number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise RingtrainError(f"{what} got {value!r}",
-                             "give the seconds the scheduler leaves between its signal and SIGKILL (e.g. 30).")
-    return float(value)
-
-
-GRACE_ENV = "RINGTRAIN_PREEMPT_GRACE"  # ``ringtrain run --preempt-grace``
-MARKS_ENV = "RINGTRAIN_PREEMPTED_DIR"  # ringtrain run's agent: where its workers say they saved and left
-DEFAULT_GRACE = 30.0  # torchelastic's shutdown wait, and Kubernetes' terminationGracePeriodSeconds default
-
-
-def of(checkpoint_dir: Any, preempt_signal: Any, grace: Any, requeue: bool, environ: Any = None) -> "Preemption | None":
-    """``Ring(preempt_signal=, preempt_grace=, requeue=)``, checked before the job forms; None without a
-    ``checkpoint_dir`` (nothing to save: SIGTERM ends the process, as it does any program)."""
-    environ = os.environ if environ is None else environ
+def of(checkpoint_dir: Any, settings: contract.Settings, requeue: bool,
+       given: dict[str, Any] | None = None) -> "Preemption | None":
+    """The ring's preemption, from its settings (``Ring(preempt_signal=, preempt_grace=)`` over ``ringtrain run``'s
+    variables: contract.override); None without a ``checkpoint_dir`` (nothing to save: SIGTERM ends the process,
+    as it does any program). ``given``: the script's keywords (None: not given), refused without a folder."""
     if checkpoint_dir is None:
-        given = [name for name, value in (("preempt_signal", preempt_signal), ("preempt_grace", grace),
-                                          ("requeue", requeue)) if value not in (None, False)]
+        given = [name for name, value in (given or {}).items() if value is not None] + (["requeue"] if requeue else [])
         if given:
             raise RingtrainError(f"Ring got {', '.join(given)} without a checkpoint_dir",
                                  "a preemption is answered with a checkpoint: give checkpoint_dir=... (and "
                                  "save_every=...), or drop " + ", ".join(given) + ".")
         return None
-    what = "Ring(preempt_signal=...)"
-    if preempt_signal is None:
-        preempt_signal, what = environ.get(SIGNAL_ENV) or None, SIGNAL_ENV
-    if grace is None:
-        text = environ.get(GRACE_ENV)
-        try:
-            grace = float(text) if text else DEFAULT_GRACE
-        except ValueError:
-            raise RingtrainError(f"{GRACE_ENV}={text!r} is not a number of seconds",
-                                 f"set {GRACE_ENV} to the seconds a preemption leaves before SIGKILL, or unset it.")
-    return Preemption(signal_of(preempt_signal, what), grace, requeue)
+    return Preemption(settings.preempt_signum, settings.preempt_grace, requeue, marks=settings.marks,
+                      slurm_job=settings.slurm_job)
 
 
-def requeue(environ: Any = None) -> str:
+def requeue(job: str | None) -> str:
     """Under Slurm, put this job back in the queue (``scontrol requeue $SLURM_JOB_ID``, as Lightning's
-    auto-requeue does): what happened, as a line to print."""
+    auto-requeue does): what happened, as a line to print. ``job``: the Slurm job's id (Settings.slurm_job)."""
     import shutil
     import subprocess
 
-    environ = os.environ if environ is None else environ
-    job = environ.get("SLURM_JOB_ID")
     if not job:
         return "ringtrain: requeue asked for, but this is not a Slurm job (no SLURM_JOB_ID): nothing requeued"
     if shutil.which("scontrol") is None:
@@ -117,10 +73,13 @@ def requeue(environ: Any = None) -> str:
 
 class Preemption:
     """The signals noted, and the ranks' agreement on them. ``grace``: the seconds a preemption leaves before
-    SIGKILL (a checkpoint that takes longer is said at start-up); ``requeue``: under Slurm, requeue the job."""
+    SIGKILL (a checkpoint that takes longer is said at start-up); ``requeue``: under Slurm, requeue the job
+    (``slurm_job``); ``marks``: the folder this node's ``ringtrain run`` reads (None: no agent to tell)."""
 
-    def __init__(self, extra_signal: int | None = None, grace: float = DEFAULT_GRACE, requeue: bool = False):
+    def __init__(self, extra_signal: int | None = None, grace: float = DEFAULT_GRACE, requeue: bool = False, *,
+                 marks: str | None = None, slurm_job: str | None = None):
         self.grace, self.requeue = check_grace(grace), bool(requeue)
+        self.marks, self.slurm_job = marks, slurm_job
         self.signals = [int(signal.SIGTERM)] + ([extra_signal] if extra_signal not in (None, signal.SIGTERM) else [])
         self.requested: int | None = None  # the signal, once one came
         self._previous: dict[int, Any] = {}
@@ -147,7 +106,7 @@ class Preemption:
 
     @answers_preemption  # the watchdog tells the launcher this rank saves when preempted (liveness.activity)
     def _note(self, signum: int, frame: Any) -> None:
-        if has_left() or (signum == signal.SIGTERM and not agent_signalled()):
+        if has_left() or (signum == signal.SIGTERM and not agent_signalled(self.marks)):
             # The rank already posted how it leaves (an error escaped, the script ended), or its ringtrain run was
             # not signalled: torchrun's agent is stopping it (a failure, a restart, a node joining), and nothing is
             # to be saved. The signal's own action, at once.
@@ -203,19 +162,18 @@ def stop(held: Any, settle: bool = True) -> None:
             preemption.settle()
 
 
-SIGNALLED = "signalled"  # the file ringtrain run's agent writes in its marks folder when a signal reaches it
 CONFIRM_S = 1.0  # how long a worker's SIGTERM waits for its agent's word (a scheduler signals both at once)
 
 
-def agent_signalled(environ: Any = None, wait_s: float = CONFIRM_S) -> bool:
+def agent_signalled(folder: str | None, wait_s: float = CONFIRM_S) -> bool:
     """Is a SIGTERM to this worker its launcher's passing on a preemption? torchrun's agent stops its workers
     with SIGTERM for its own reasons too (a failed peer, a restart, a node joining an elastic job), which must end
     them at once. Under ``ringtrain run`` the agent writes ``SIGNALLED`` when a signal reaches *it* (Slurm
     signals every process of the step together: waited for up to ``wait_s``); elsewhere (plain torchrun, srun,
-    one process) there is no one to ask, and every SIGTERM is a preemption."""
+    one process) there is no one to ask, and every SIGTERM is a preemption. ``folder``: the agent's marks folder
+    (Settings.marks)."""
     import time
 
-    folder = (os.environ if environ is None else environ).get(MARKS_ENV)
     if not folder:
         return True
     deadline = time.monotonic() + wait_s
@@ -225,27 +183,3 @@ def agent_signalled(environ: Any = None, wait_s: float = CONFIRM_S) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)
-
-
-def mark(rank: int, step: int, environ: Any = None) -> None:
-    """This rank's checkpoint of ``step`` is on disk and it leaves preempted: a file in the folder its node's
-    ``ringtrain run`` gave (``RINGTRAIN_PREEMPTED_DIR``), which that agent reads once its workers are gone —
-    a local file, where the job's store may already be gone with node 0."""
-    folder = (os.environ if environ is None else environ).get(MARKS_ENV)
-    if folder and os.path.isdir(folder):
-        with open(os.path.join(folder, f"rank{rank}"), "w") as f:
-            f.write(str(step))
-
-
-def marked(folder: str | None) -> dict[int, int]:
-    """The ranks of this node that left preempted, and the step each saved (``mark``)."""
-    found: dict[int, int] = {}
-    if not folder or not os.path.isdir(folder):
-        return found
-    for name in os.listdir(folder):
-        try:
-            with open(os.path.join(folder, name)) as f:
-                found[int(name.removeprefix("rank"))] = int(f.read().strip())
-        except (OSError, ValueError):
-            continue
-    return found

@@ -19,11 +19,12 @@ torch: the launcher's worker entry reads it before the user's script imports tor
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping, MutableMapping
 
 from ..errors import RingtrainError
 from ..liveness.watchdog import STALL_WARNING_S
@@ -139,6 +140,13 @@ def _positive_int(raw: str) -> int:
     return value
 
 
+def _count(raw: str) -> int:
+    value = int(raw.strip())
+    if value < 0:
+        raise ValueError(raw)
+    return value
+
+
 def _grace(raw: str) -> float:
     value = float(raw.strip())
     if not 0 < value < float("inf"):
@@ -222,8 +230,8 @@ VARIABLES: tuple[Variable, ...] = (
              "ringtrain's Horovod checks that the ranks' collectives match (hvd.init(checks=...) wins)",
              "the user", parse=_switch, write=_bool, hint="set it to 1 or 0."),
     Variable("HOROVOD_FUSION_THRESHOLD", "fusion_threshold", "bytes", "64 MiB",
-             "ringtrain's Horovod: the bytes of gradients fused into one all-reduce",
-             "ringtrain run --fusion-threshold-mb, or the user", parse=_positive_int,
+             "ringtrain's Horovod: the bytes of gradients fused into one all-reduce (0: one per tensor)",
+             "ringtrain run --fusion-threshold-mb, or the user", parse=_count,
              hint="set it to a number of bytes, or unset it."),
     Variable("RINGTRAIN_JOB_SECRET", "job_secret", "text", "made per one-node job",
              "the key the liveness board's posts are sealed with (never a command line, never the store)",
@@ -336,6 +344,23 @@ def to_environ(settings: Settings | None = None, **fields: Any) -> dict[str, str
     return out
 
 
+@contextlib.contextmanager
+def exported(variables: Mapping[str, str], environ: MutableMapping[str, str] | None = None) -> Iterator[None]:
+    """``variables`` set in this process's environment while the block runs (the workers it starts inherit
+    them: torchrun's agent passes its own environment on), and what was there before put back after it."""
+    environ = os.environ if environ is None else environ
+    before = {name: environ.get(name) for name in variables}
+    environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                environ.pop(name, None)
+            else:
+                environ[name] = value
+
+
 _KEYWORD_DEFAULTS = {"timeline": None, "preempt_signal": None, "preempt_grace": None, "stall_warning": "default",
                      "debug_collectives": False}
 
@@ -362,6 +387,32 @@ def override(settings: Settings, **keywords: Any) -> Settings:
         elif name == "debug_collectives":
             changes[name] = check_collectives(value)
     return dataclasses.replace(settings, **changes) if changes else settings
+
+
+# --- the marks folder (Settings.marks): how a node's workers tell their agent they saved and left ------------
+def mark(rank: int, step: int, folder: str | None) -> None:
+    """This rank's checkpoint of ``step`` is on disk and it leaves preempted: a file in the folder its node's
+    ``ringtrain run`` gave (``RINGTRAIN_PREEMPTED_DIR``), which that agent reads once its workers are gone —
+    a local file, where the job's store may already be gone with node 0."""
+    if folder and os.path.isdir(folder):
+        with open(os.path.join(folder, f"rank{rank}"), "w") as f:
+            f.write(str(step))
+
+
+def marked(folder: str | None) -> dict[int, int]:
+    """The ranks of this node that left preempted, and the step each saved (``mark``)."""
+    found: dict[int, int] = {}
+    if not folder or not os.path.isdir(folder):
+        return found
+    for name in os.listdir(folder):
+        if name == SIGNALLED:
+            continue
+        try:
+            with open(os.path.join(folder, name)) as f:
+                found[int(name.removeprefix("rank"))] = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def environment_table(language: str = "en") -> str:

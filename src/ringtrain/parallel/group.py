@@ -31,8 +31,8 @@ from ..errors import RingtrainError, one_line
 from ..liveness import flight, membership as liveness
 from ..liveness.activity import Activity
 from ..liveness.board import BIND_WAIT_S
-from ..liveness.watchdog import STALL_WARNING_S, stall_warning_of
-from . import devices
+from ..liveness.watchdog import STALL_WARNING_S
+from . import contract, devices
 from .environments import Environment
 
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)  # torch.distributed's own default for Gloo and NCCL
@@ -66,10 +66,11 @@ class GroupOptions:
     def of(cls, *, device: str = "auto", backend: str | None = None, init_method: str | None = None,
            timeout: float | datetime.timedelta = DEFAULT_TIMEOUT, stall_warning: float | None | str = "default",
            activity: Activity | None = None) -> "GroupOptions":
-        """Ring's arguments, each validated here: seconds or a timedelta; ``stall_warning="default"`` reads
-        ``RINGTRAIN_STALL_WARNING`` (watchdog.stall_warning_of)."""
+        """Ring's arguments, each validated here: seconds or a timedelta; ``stall_warning="default"``: the
+        launcher's (``RINGTRAIN_STALL_WARNING``, contract.override decides)."""
         devices.check_device_name(device)
-        return cls(device, backend, init_method, as_timeout(timeout), stall_warning_of(stall_warning),
+        stall_warning = contract.override(contract.read(), stall_warning=stall_warning).stall_warning
+        return cls(device, backend, init_method, as_timeout(timeout), stall_warning,
                    Activity() if activity is None else activity)
 _formations = 0  # process groups this process has formed: part of the liveness board's generation
 
@@ -131,8 +132,9 @@ class ProcessGroup:
             torch.cuda.set_device(self._device)
         generation = f"{self.env.restart_count}-{_formations}"
         # NCCL's flight recorder: read by torch from the environment only, before the group forms (flight.py).
+        settings = contract.read()
         os.environ.update(flight.settings(self.backend, os.environ, tempfile.gettempdir(),
-                                          os.environ.get("TORCHELASTIC_RUN_ID") or str(os.getpid())))
+                                          settings.run_id or str(os.getpid())))
         board = None
         if self.world_size > 1:
             board = liveness.Board(raw, self.rank, self.world_size, generation)
@@ -158,7 +160,8 @@ class ProcessGroup:
             self.membership = liveness.Membership(board, self.activity, backward_syncs=self.backward_syncs,
                                                   error_file=self.env.error_file,
                                                   stall_warning=self.options.stall_warning,
-                                                  note=flight.note(self.backend, os.environ))
+                                                  note=flight.note(self.backend, os.environ),
+                                                  preempt_signal=settings.preempt_signal)
             self.membership.start()
             atexit.register(self._at_exit)
 

@@ -54,7 +54,6 @@ KEEP_STEPS = 1000  # steps kept in memory (and in the part) per rank: the last o
 MAIN, GRADS = 0, 1  # thread lanes: the main thread; the gradient all-reduces
 LANES = {MAIN: "main thread", GRADS: "gradient all-reduce"}
 NAME = "timeline"  # <name>.json, <name>.png and <name>.rank-<r>.json in a timeline folder
-ENV = "RINGTRAIN_TIMELINE"
 _PART = re.compile(r"\.rank-(\d+)\.json$")
 
 
@@ -238,9 +237,9 @@ def start(target: str, rank: int, world_size: int, job: str, activity: Activity,
 
 
 def ring_target(folder: str | None) -> str | None:
-    """``Ring(timeline=...)``, else ``RINGTRAIN_TIMELINE`` (``ringtrain run --timeline`` sets it), checked
-    before the group forms; None: off."""
-    folder = folder or os.environ.get(ENV) or None
+    """A ring's timeline folder (``Ring(timeline=...)`` over ``RINGTRAIN_TIMELINE``, which ``ringtrain run
+    --timeline`` sets: the launcher contract's ``override`` decided), checked before the group forms; None: off."""
+    folder = folder or None
     if folder is not None:
         check_target(folder)
     return folder
