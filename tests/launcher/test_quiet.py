@@ -154,3 +154,25 @@ def test_ctrl_c_inside_ringtrains_own_code_names_the_users_line(tmp_path):
         proc.kill()
     said = f"--- exit {proc.returncode}\n{out}\n{err}"
     assert "ringtrain: rank 0 interrupted (SIGINT) in train.py:8" in err, said  # the barrier line
+
+
+RANK_1_RAISES = """
+    import ringtrain as rt
+    ring = rt.Ring(seed=0)
+    ring.barrier()
+    if ring.rank == 1:
+        raise ValueError("rank 1 fails here")
+    ring.barrier()
+"""
+
+
+def test_a_failure_is_reported_without_torchelastics_own_line(tmp_path):
+    # torchelastic's "E1202 ... api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: ...) of binary: ..." said
+    # what the report's first line says, in its words; --verbose keeps it.
+    script = str(write(tmp_path / "t.py", RANK_1_RAISES))
+    proc = run_ringtrain("run", "--nproc-per-node", "2", script, env=_env(), timeout=120)
+    assert proc.returncode == 1, outputs(proc)
+    assert "worker rank 1 failed first" in proc.stderr, outputs(proc)
+    assert "failed (exitcode:" not in proc.stderr and "api.py" not in proc.stderr, outputs(proc)
+    verbose = run_ringtrain("run", "--verbose", "--nproc-per-node", "2", script, env=_env(), timeout=120)
+    assert verbose.returncode == 1 and "failed (exitcode: 1)" in verbose.stderr, outputs(verbose)

@@ -142,13 +142,20 @@ def _say_when_signalled(marks: str, stops=None):
 
 class _SaidBetter(logging.Filter):
     """torchelastic's lines about passing a signal on (Ctrl-C: one for the agent, one per worker) are said once by
-    ringtrain run's last line ("stopped by SIGINT; all workers on this node were stopped"): left out."""
+    ringtrain run's last line ("stopped by SIGINT; all workers on this node were stopped"), and its ``E... api.py]
+    failed (exitcode: 1) local_rank: 1 (pid: ...) of binary: ...`` by the report ("worker rank 1 failed first
+    (local rank 1 on node 0, host H, pid P, exit code 1)"): left out, unless --verbose."""
 
-    SAID = ("Received %s death signal, shutting down workers", "Sending process %s closing signal %s")
+    SAID = ("Received %s death signal, shutting down workers", "Sending process %s closing signal %s",
+            "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s")
     LOGGERS = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
 
+    def __init__(self, quiet: bool = True):
+        super().__init__()
+        self.quiet = quiet
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg not in self.SAID
+        return not self.quiet or record.msg not in self.SAID
 
     def __enter__(self) -> "_SaidBetter":
         for name in self.LOGGERS:
@@ -236,7 +243,7 @@ def _execute(plan: Plan) -> int:
     adopted, before = leftovers.adopt_orphans(), set(procs.children(os.getpid()))
     try:
         # run(), not main(): main's @record would print torchelastic's own failure summary.
-        with _SaidBetter():
+        with _SaidBetter(quiet=not plan.verbose):
             torchrun.run(args)
     except ChildFailedError as e:
         said = report.preempted(contract.marked(marks), e.failures)
