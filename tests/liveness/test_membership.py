@@ -369,3 +369,18 @@ def test_an_exit_after_a_clean_close_is_not_bounded(monkeypatch):
     assert bounds == [] and b0.posted.state == "finished"
     liveness.Membership(boards()[0], backward_syncs=False, error_file=None, watch=False).at_exit()
     assert bounds == [liveness.EXIT_BOUND_S]  # not closed: the rest of the exit is bounded, as before
+
+
+def test_an_error_raised_for_another_ranks_failure_leaves_the_traceback_to_that_rank():
+    # ring.save's refusal on rank 0 is raised on every rank (errors.on_rank): rank 1 printed the same traceback as
+    # rank 0 when rank 0's failure post was not on the board yet (the two write at the same moment), 3 copies in
+    # all with the report's. Rank 1 now says in one line that it stopped because of rank 0, post or not.
+    from ringtrain.errors import RingtrainError, on_rank
+
+    b0, b1 = boards()
+    one = liveness.Membership(b1, backward_syncs=False, error_file=None, watch=False)
+    assert b1.first_peer_post() is None  # rank 0 has not posted yet
+    assert one._a_peer_failed(on_rank(RingtrainError("rank 0: refused", "h"), 0))
+    zero = liveness.Membership(b0, backward_syncs=False, error_file=None, watch=False)
+    assert not zero._a_peer_failed(on_rank(RingtrainError("rank 0: refused", "h"), 0))  # rank 0 prints its own
+    assert not one._a_peer_failed(RingtrainError("rank 1's own", "h"))

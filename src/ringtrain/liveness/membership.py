@@ -137,8 +137,11 @@ class Membership:
 
     def _a_peer_failed(self, error: BaseException) -> bool:
         """Did ``error`` come from a peer's failure: the engine lost a peer's connection, or a peer failed first?"""
-        if getattr(error, "on_rank", None) == self.board.rank:
+        on = getattr(error, "on_rank", None)
+        if on == self.board.rank:
             return False  # it happened on this rank (a save rank 0 could not write), raised on every rank
+        if on is not None:
+            return True  # raised here for rank `on`'s failure: that rank prints the traceback, not each of the others
         if lost_a_peer(error):
             return True
         first = self.board.first_peer_post()
