@@ -176,3 +176,30 @@ def test_a_failure_is_reported_without_torchelastics_own_line(tmp_path):
     assert "failed (exitcode:" not in proc.stderr and "api.py" not in proc.stderr, outputs(proc)
     verbose = run_ringtrain("run", "--verbose", "--nproc-per-node", "2", script, env=_env(), timeout=120)
     assert verbose.returncode == 1 and "failed (exitcode: 1)" in verbose.stderr, outputs(verbose)
+
+
+RETURNS_A_VIEW = """
+    import torch
+    import ringtrain as rt
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.linear(x)[:, :2]  # a view, as nanoGPT's logits[:, [-1], :]
+
+    ring = rt.Ring(strategy="fsdp", seed=0)
+    model = Head()
+    model, optimizer = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    ring.backward(model(torch.randn(2, 4)).sum())
+    optimizer.step()
+"""
+
+
+def test_fsdps_view_warning_is_said_once_per_job_not_once_per_rank(tmp_path):
+    proc = run_ringtrain("run", "--nproc-per-node", "2", str(write(tmp_path / "t.py", RETURNS_A_VIEW)), env=_env(),
+                         timeout=120)
+    assert proc.returncode == 0, outputs(proc)
+    assert proc.stderr.count("returned a view tensor") == 1, outputs(proc)
