@@ -65,3 +65,27 @@ def test_plot_names_a_folder_without_a_log(tmp_path, capsys):
     assert plotting.main([str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "has no metrics.csv" in err and "HINT:" in err
+
+
+def test_ranks_csv_adds_up_to_the_table_as_docs_observing_says():
+    # docs/observing.md, "Adding up ranks.csv": the formula written there, computed by hand from the rows, is the
+    # table's (per_rank_stats of run_totals); the intervals' own wait_ms summed is not (the trap it warns of).
+    from ringtrain.liveness.stall import per_rank_stats
+    from ringtrain.tracking.plot import run_totals
+
+    rows = [  # rank 1 is the faster in the first interval, rank 0 over the run
+        {"step": 10, "rank": 0, "steps": 10, "ms_per_step": 20.0, "data_ms": 2.0, "sync_ms": 9.0},
+        {"step": 10, "rank": 1, "steps": 10, "ms_per_step": 19.0, "data_ms": 1.0, "sync_ms": 8.0},
+        {"step": 20, "rank": 0, "steps": 10, "ms_per_step": 20.0, "data_ms": 2.0, "sync_ms": 9.0},
+        {"step": 20, "rank": 1, "steps": 10, "ms_per_step": 25.0, "data_ms": 1.0, "sync_ms": 14.0},
+    ]
+    table = per_rank_stats(run_totals(rows))
+    for rank in (0, 1):
+        mine = [r for r in rows if r["rank"] == rank]
+        steps = sum(r["steps"] for r in mine)
+        ms = sum(r["steps"] * r["ms_per_step"] for r in mine) / steps
+        sync = {k: sum(r["steps"] * r["sync_ms"] for r in rows if r["rank"] == k) / steps for k in (0, 1)}
+        assert table[rank]["steps"] == steps and table[rank]["ms_per_step"] == pytest.approx(ms)
+        assert table[rank]["data_pct"] == pytest.approx(100 * sum(r["steps"] * r["data_ms"] for r in mine) / steps / ms)
+        assert table[rank]["wait_pct"] == pytest.approx(100 * (sync[rank] - min(sync.values())) / ms)
+    assert table[0]["wait_pct"] == 0.0  # the run's fastest; its first interval waited 1 ms for rank 1
