@@ -24,7 +24,8 @@ child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 print(child.pid, flush=True)
 if sys.argv[1] == "stop-own":
     from ringtrain.liveness import failures
-    print(sorted(failures.stop_own_processes()), flush=True)
+    from ringtrain.parallel import contract  # TORCHELASTIC_RUN_ID: started by torchrun's agent
+    print(sorted(failures.stop_own_processes(contract.read().run_id is not None)), flush=True)
     child.wait(timeout=20)
     print("child ended", child.returncode, flush=True)
 else:

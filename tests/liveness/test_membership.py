@@ -97,7 +97,7 @@ def test_a_lost_connection_names_the_neighbour_that_vanished_and_waits_only_that
     assert searched == []
 
 
-def test_a_store_whose_host_is_gone_is_asked_no_more_and_named(monkeypatch):
+def test_a_store_whose_host_is_gone_is_asked_no_more_and_named():
     import gc
 
     from ringtrain.liveness.board import StoreLost
@@ -106,7 +106,7 @@ def test_a_store_whose_host_is_gone_is_asked_no_more_and_named(monkeypatch):
     timeout = datetime.timedelta(seconds=5)
     master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
     client = dist.TCPStore("127.0.0.1", master.port, is_master=False, wait_for_workers=False, timeout=timeout)
-    board = liveness.Board(client, 1, 2, "0-0", Seal("k"))
+    board = liveness.Board(client, 1, 2, "0-0", Seal("k"), address="127.0.0.1:29500")  # the store's, for reports
     watcher = board.clone()  # the watchdog's connection
     board.hello()
     assert not board.lost and board.hellos_so_far().keys() == {1}
@@ -121,8 +121,6 @@ def test_a_store_whose_host_is_gone_is_asked_no_more_and_named(monkeypatch):
         watcher.count()  # not asked: no C++ warning, no wait
     watcher.store._store = store
     assert asked == []
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", "29500")
     lost = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1234")
     entry = liveness.post_failure(board, "RuntimeError: Connection closed", lost)
     assert entry.cause == "peer" and entry.blame.state == "unreachable"

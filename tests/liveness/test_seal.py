@@ -92,26 +92,26 @@ def test_a_forged_posted_list_naming_a_rank_without_a_post_does_not_block_the_re
 
 
 def test_job_secret_policy(tmp_path):
-    assert seals.job_secret(False, {})[0]  # one node: made here
-    secret, warning = seals.job_secret(True, {})
+    assert seals.job_secret(False)[0]  # one node: made here
+    secret, warning = seals.job_secret(True)
     assert secret is None and "RINGTRAIN_JOB_SECRET" in warning and "HINT:" in warning
-    assert seals.job_secret(True, {seals.SECRET_ENV: "given"}) == ("given", None)
+    assert seals.job_secret(True, "given") == ("given", None)
     path = tmp_path / "secret"
     path.write_text("from-file\n")
-    assert seals.job_secret(True, {seals.SECRET_FILE_ENV: str(path)}) == ("from-file", None)
+    assert seals.job_secret(True, None, str(path)) == ("from-file", None)
     path.write_text("\n")
-    with pytest.raises(RingtrainError, match="is empty"):
-        seals.job_secret(True, {seals.SECRET_FILE_ENV: str(path)})
+    with pytest.raises(RingtrainError, match="RINGTRAIN_JOB_SECRET_FILE=.* is empty"):
+        seals.job_secret(True, None, str(path))
     with pytest.raises(RingtrainError, match="cannot be read"):
-        seals.job_secret(True, {seals.SECRET_FILE_ENV: str(tmp_path / "missing")})
+        seals.job_secret(True, None, str(tmp_path / "missing"))
 
 
 # --- bound to the job (issue 37, item 1) ------------------------------------------------------------------------
 
-def _job(secret: str = "one-secret-for-two-jobs", world: int = 2, generation: str = "0-0"):
+def _job(secret: str = "one-secret-for-two-jobs", world: int = 2, generation: str = "0-0", agent: str | None = None):
     """A job's boards as its ranks hold them once the group formed: every rank said hello, then bound."""
     store = dist.HashStore()
-    ranks = [Board(store, r, world, generation, seals.Seal(secret)) for r in range(world)]
+    ranks = [Board(store, r, world, generation, seals.Seal(secret), agent=agent) for r in range(world)]
     for board in ranks:
         board.hello()
     for board in ranks:
@@ -174,34 +174,32 @@ def test_a_replayed_hello_lets_no_post_of_its_job_in_and_names_no_pid_once_bound
     assert c0.clone().hellos()[1]["pid"] == pid  # the watchdog's connection knows the key too
 
 
-def test_the_launcher_reads_its_own_jobs_board_and_not_one_copied_from_another_job(monkeypatch, capsys):
+def test_the_launcher_reads_its_own_jobs_board_and_not_one_copied_from_another_job(capsys):
     from ringtrain.liveness.board import job_board
 
-    monkeypatch.setenv(seals.SECRET_ENV, "one-secret-for-two-jobs")
-    monkeypatch.setenv(seals.AGENT_NONCE_ENV, "job-a-agent")
-    store_a, (_, a1) = _job()
+    secret = "one-secret-for-two-jobs"
+    store_a, (_, a1) = _job(secret, agent="job-a-agent")
     a1.post("failed", "RuntimeError: injected failure")
-    monkeypatch.setenv(seals.AGENT_NONCE_ENV, "job-b-agent")  # job B's launcher, and its workers
-    store_b, (_, b1) = _job()
+    store_b, (_, b1) = _job(secret, agent="job-b-agent")  # job B's launcher, and its workers
     b1.post("failed", "ValueError: real")
-    board = job_board(store_b)
+    board = job_board(store_b, secret=secret, agent="job-b-agent")
     assert board.read()[1].reason == "ValueError: real"  # the agent learnt the key from its workers' hellos
     board.post_exit(Exit(rank=0, pid=4242, hostname="node-a", exitcode=-9, time=5.0))
     assert b1.read()[0].as_blame().describe().startswith("rank 0 was killed by SIGKILL")  # ...and its ranks read it
     for r in (0, 1):  # every hello replaced by job A's (and A's post): a consistent set, but not this job's
         store_b.set(f"{PREFIX}/0-0/hello/{r}", store_a.get(f"{PREFIX}/0-0/hello/{r}"))
     store_b.set(f"{PREFIX}/0-0/rank/1", store_a.get(f"{PREFIX}/0-0/rank/1"))
-    assert job_board(store_b) is None and job_board(store_b) is None
+    assert job_board(store_b, secret=secret, agent="job-b-agent") is None
+    assert job_board(store_b, secret=secret, agent="job-b-agent") is None
     err = capsys.readouterr().err
     assert err.count("none is from this launcher's workers") == 2 and "injected failure" not in err  # per board
 
 
-def test_a_plain_scripts_boards_bind_once_every_rank_said_hello(monkeypatch):
+def test_a_plain_scripts_boards_bind_once_every_rank_said_hello():
     """A script without a ring: its observer says hello when it sees the group (worker.py), at its own moment, and
     its exit post comes from a board of its own (membership.leave_process): both learn the key when they can."""
-    monkeypatch.setenv(seals.SECRET_ENV, "k")
     store = dist.HashStore()
-    zero, one = (Board(store, r, 2, "0-0") for r in (0, 1))
+    zero, one = (Board(store, r, 2, "0-0", seals.Seal("k")) for r in (0, 1))
     zero.hello()
     zero.publish(Whereabouts(rank=0, pid=1, host="h", hostname="h", beat=1.0))  # only rank 0 said hello: unbound
     assert one.whereabouts()[0].beat == 1.0
@@ -209,10 +207,10 @@ def test_a_plain_scripts_boards_bind_once_every_rank_said_hello(monkeypatch):
     one.post("failed", "ValueError: boom")  # every hello there: bound, and so is whoever reads it
     assert zero.read()[1].reason == "ValueError: boom"
     assert seals.Seal.job_of(store.get(f"{PREFIX}/0-0/rank/1"))
-    leaving = Board(store, 0, 2, "0-0")  # rank 0's exit board: the hello there is this process's own
+    leaving = Board(store, 0, 2, "0-0", seals.Seal("k"))  # rank 0's exit board: the hello there is this process's own
     assert leaving.read()[1].reason == "ValueError: boom"
     # Rank 1's hello replaced by one of another process (sealed with the same secret): a board of rank 1 that
     # said no hello itself does not bind to it, and says so.
     store.set(f"{PREFIX}/0-0/hello/1", seals.Seal("k").seal(f"{PREFIX}/0-0/hello/1", '{"pid": 1, "host": "x"}'))
-    other = Board(store, 1, 2, "0-0")
+    other = Board(store, 1, 2, "0-0", seals.Seal("k"))
     assert not other.bind() and other.refused

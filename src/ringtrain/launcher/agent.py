@@ -103,7 +103,9 @@ def execute(plan: Plan) -> int:
     # The board's seal (seal.py): the workers inherit the job's secret through the environment only, and a nonce
     # drawn now, which their hellos carry: the hellos of this job's workers are the ones this agent reads the
     # board with (a job key derived from hellos copied from another job's store would let that job's posts in).
-    secret, unsealed = job_secret(multi_node=plan.max_nodes > 1, loopback=is_loopback(plan.master_addr))
+    given = contract.read()  # the user's secret (or its file), if any
+    secret, unsealed = job_secret(plan.max_nodes > 1, given.job_secret, given.job_secret_file,
+                                  loopback=is_loopback(plan.master_addr))
     if unsealed:
         print(unsealed, file=sys.stderr, flush=True)
     sealing = contract.to_environ(job_secret=secret, agent_nonce=new_nonce()) if secret is not None else {}
@@ -183,6 +185,9 @@ def _execute(plan: Plan) -> int:
     from .report import first_cause, format_child_failure, remove_native_dumps, run_summary
     from .stacks import StackRequests
 
+    def board_of(store, master=None):  # the job's board, as the workers seal theirs
+        return job_board(store, master, secret=settings.job_secret, agent=settings.agent_nonce)
+
     rendezvous.register()
     waiting.register_elastic()
     started = time.monotonic()
@@ -228,8 +233,9 @@ def _execute(plan: Plan) -> int:
     if plan.verbose:
         _say_plan(plan, args, threads)
     # kill -USR1 on this process (ringtrain stacks): every rank prints its stack (stacks.py).
-    preempt_signal = contract.read().preempt_signal  # --preempt-signal's, or the user's RINGTRAIN_PREEMPT_SIGNAL
-    requests = StackRequests((plan.master_addr, port), store, preempt_signal=preempt_signal)
+    # What the workers read (--preempt-signal's, the job's secret, the agent's nonce): this agent reads the same.
+    settings = contract.read()
+    requests = StackRequests((plan.master_addr, port), store, settings)
     requests.install()
     # Where this node's workers say they saved a preemption checkpoint and left (loop/preempt.py): read once they
     # are gone, here, whatever became of the job's store.
@@ -258,9 +264,9 @@ def _execute(plan: Plan) -> int:
         if not plan.elastic:  # the last attempt's board: after a restart, in that restart's own store
             attempt_store, attempt_port = rendezvous.workers_store(store, port)
             if silent or attempt_store is not None:
-                board = job_board(attempt_store, (plan.master_addr.strip("[]"), attempt_port))
+                board = board_of(attempt_store, (plan.master_addr.strip("[]"), attempt_port))
                 exits.tell_job(board, silent)
-        print(format_child_failure(e, plan.node_rank, board if board is not None else job_board(store), stops),
+        print(format_child_failure(e, plan.node_rank, board if board is not None else board_of(store), stops),
               file=sys.stderr, flush=True)
         if store is not None and plan.max_nodes > 1:
             exits.hold_store(board, set(e.failures))
@@ -271,9 +277,9 @@ def _execute(plan: Plan) -> int:
         if said:
             print(said, file=sys.stderr, flush=True)
             return PREEMPTED_EXIT
-        if e.sigval.name in ("SIGTERM", preempt_signal):  # a preemption: did anything save?
+        if e.sigval.name in ("SIGTERM", settings.preempt_signal):  # a preemption: did anything save?
             attempt = store if plan.elastic else rendezvous.workers_store(store, port)[0]
-            unsaved = report.preemption_not_saved(contract.marked(marks), job_board(attempt), stops, e.sigval.name)
+            unsaved = report.preemption_not_saved(contract.marked(marks), board_of(attempt), stops, e.sigval.name)
             if unsaved:
                 print(unsaved, file=sys.stderr, flush=True)
                 return 128 + int(e.sigval)
@@ -298,7 +304,7 @@ def _execute(plan: Plan) -> int:
 
             merge_after_job(plan.timeline)  # unless the last worker did; a rank that died has no part
     final_store = store if plan.elastic else rendezvous.workers_store(store, port)[0]  # after restarts, the last's
-    summary = run_summary(job_board(final_store))
+    summary = run_summary(board_of(final_store))
     if summary:
         print(summary, file=sys.stderr)
     del store

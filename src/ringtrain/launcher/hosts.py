@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 
 from ..errors import RingtrainError
 from ..liveness.records import PREEMPTED_EXIT
-from ..liveness.seal import SECRET_ENV, SECRET_FILE_ENV, new_secret
+from ..liveness.seal import new_secret
+from ..parallel.contract import ENV
 from .host_list import assign, parse_host_list, read_hostfile
 from .node_signal import MODULE as NODE_SIGNAL, TOKEN_ENV
 from .plan import plan_from_args
@@ -75,6 +76,8 @@ TERMINATE_TIMEOUT = 20.0  # seconds for the ssh that passes a SIGTERM on to a re
 # turns checking off entirely (StrictHostKeyChecking=no), which also accepts a changed key.
 # --ssh-strict-host-keys leaves ssh's own setting (and ~/.ssh/config) in charge instead.
 ACCEPT_NEW_HOST_KEYS = ("-o", "StrictHostKeyChecking=accept-new")
+
+SECRET_ENV, SECRET_FILE_ENV = ENV["job_secret"], ENV["job_secret_file"]  # the launcher contract's names
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ import signal
 import sys
 
 from ..liveness import procs
+from ..parallel.contract import ENV
 
-TOKEN_ENV = "RINGTRAIN_NODE_TOKEN"
+TOKEN_ENV = ENV["node_token"]  # the launcher contract's variable
 MODULE = "ringtrain.launcher.node_signal"
 
 

@@ -271,7 +271,10 @@ The torchrun contract, so ``dist.init_process_group(backend)`` (``env://``) and
 * ``OMP_NUM_THREADS=1`` when it is unset and there is more than one worker per node, as
   torchrun does (with the same warning); set it yourself to tune CPU threads.
 * ``CUDA_VISIBLE_DEVICES`` when ``--gpus`` is given.
-* ``RINGTRAIN_TIMELINE`` (the folder) when ``--timeline DIR`` is given.
+* ringtrain's own variables (``RINGTRAIN_TIMELINE`` with ``--timeline DIR``, the preemption signal and grace,
+  the marks folder, the stall warning, the job's secret and the agent's nonce, ...): every variable ringtrain
+  sets or reads is in one table, docs/environment.md, generated from the launcher contract
+  (``ringtrain.parallel.contract.VARIABLES``).
 * With ``--horovod``, Horovod's variables, from the ones above: ``HOROVOD_RANK`` (=
   ``RANK``), ``HOROVOD_SIZE`` (``WORLD_SIZE``), ``HOROVOD_LOCAL_RANK`` (``LOCAL_RANK``),
   ``HOROVOD_LOCAL_SIZE`` (``LOCAL_WORLD_SIZE``), ``HOROVOD_CROSS_RANK`` (``GROUP_RANK``, the

@@ -55,7 +55,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from ..errors import RingtrainError
 from ..liveness import failures
-from ..liveness.seal import SECRET_ENV, new_secret
+from ..liveness.seal import new_secret
+from ..parallel import contract
 from .ports import LOOPBACK, bind_listener, keep_gloo_on_loopback, serve_store
 from .report import first_cause
 from .worker import die_with_parent, finish, run_to_end
@@ -89,7 +90,7 @@ def _child(local_rank: int, fn: Callable, args: Sequence, nprocs: int, port: int
         GROUP_RANK="0", MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port),
         TORCHELASTIC_ERROR_FILE=os.path.join(results, _ERROR.format(local_rank)),
     )
-    os.environ[SECRET_ENV] = secret  # the board's seal (seal.py)
+    os.environ.update(contract.to_environ(job_secret=secret))  # the board's seal (seal.py)
     if not pass_index:  # launch(): the parent hosts the store (see the module docstring)
         os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     keep_gloo_on_loopback(os.environ)  # one machine: nothing needs to reach the ranks from outside
@@ -239,7 +240,7 @@ def _start(fn: Callable, nprocs: int, args: Sequence, start_method: str | None, 
                 # With "forkserver" the children's parent is the server, not this process.
                 _child, args=(fn, tuple(args), nprocs, port, results,
                               None if method == "forkserver" else os.getpid(), pass_index, method == "fork",
-                              os.environ.get(SECRET_ENV) or new_secret()),
+                              contract.read().job_secret or new_secret()),
                 nprocs=nprocs, join=False, start_method=method,
             )
         except (pickle.PicklingError, AttributeError, TypeError) as e:

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..errors import HintingParser
 from ..liveness import board as boards, dump, procs
+from ..parallel import contract
 
 ANSWER_S = 3.0
 
@@ -115,10 +116,12 @@ class StackRequests:
     waits for the answers and names (and signals) the ranks that do not answer.
     """
 
-    def __init__(self, master: tuple[str, int], store: Any = None, *, preempt_signal: str | None = None):
+    def __init__(self, master: tuple[str, int], store: Any = None, settings: contract.Settings | None = None):
         self.master, self.store = master, store
+        self.settings = contract.Settings() if settings is None else settings  # the job's (the workers' too)
         self._previous: Any = None
-        self.signum = dump.stack_signal(preempt_signal)  # SIGUSR2 where SIGUSR1 preempts the job (--preempt-signal USR1)
+        # SIGUSR2 where SIGUSR1 preempts the job (--preempt-signal USR1)
+        self.signum = dump.stack_signal(self.settings.preempt_signal)
 
     def install(self) -> None:
         if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
@@ -132,7 +135,8 @@ class StackRequests:
         threading.Thread(target=self.ask, name="ringtrain-stacks", daemon=True).start()
 
     def ask(self) -> None:
-        board = boards.job_board(self.store, self.master)
+        board = boards.job_board(self.store, self.master, secret=self.settings.job_secret,
+                                 agent=self.settings.agent_nonce)
         if board is None:
             print("ringtrain run: stacks: no rank has joined a process group yet; nothing to ask.", file=sys.stderr,
                   flush=True)

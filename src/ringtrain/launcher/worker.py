@@ -111,16 +111,9 @@ def die_with_parent(parent_pid: int) -> None:
 def answer_sigusr1() -> None:
     """``kill -USR1 <worker>``: print this worker's stacks (every thread), go on. faulthandler's handler
     works even while the main thread is blocked in native code (a collective)."""
-    # no torch (see the module's docstring): errors, liveness and the launcher's contract
-    from ringtrain.errors import RingtrainError
-    from ringtrain.liveness import dump
-    from ringtrain.parallel import contract
+    from ringtrain.liveness import dump  # liveness: no torch (see the module's docstring)
 
-    try:
-        preempt = contract.read().preempt_signal
-    except RingtrainError:  # a bad variable: the ring says so; the stacks stay on SIGUSR1 here
-        preempt = None
-    stacks = dump.stack_signal(preempt)  # SIGUSR2 under --preempt-signal USR1
+    stacks = dump.stack_signal(_settings().preempt_signal)  # SIGUSR2 under --preempt-signal USR1
     if hasattr(signal, "SIGUSR1") and signal.getsignal(stacks) == signal.SIG_DFL:
         faulthandler.register(stacks, all_threads=True, chain=False)  # a handler the script sets wins
 
@@ -139,25 +132,21 @@ def observe_plain_script(poll_s: float = 1.0) -> None:
                 break
         time.sleep(2 * poll_s)  # a ring forms its group and then starts its own watchdog: let it
         # imported only now: the worker entry loads nothing of ringtrain before the user's script runs
-        from ringtrain.errors import RingtrainError
         from ringtrain.liveness import membership as liveness, watchdog
-        from ringtrain.parallel import contract, environments
+        from ringtrain.parallel import environments
 
         if liveness.has_joined():
             return
         env = environments.detect()
         if env.world_size < 2:
             return
+        settings = _settings()
         board = liveness.plain_board(env.master_addr, env.master_port, env.rank, env.world_size,
-                                     f"{env.restart_count}-0")
+                                     f"{env.restart_count}-0", secret=settings.job_secret, agent=settings.agent_nonce)
         if board is None:
             return
-        try:
-            stall_warning = contract.read().stall_warning
-        except RingtrainError:  # a bad RINGTRAIN_STALL_WARNING: the ring would say so; here keep the default
-            stall_warning = watchdog.STALL_WARNING_S
         board.hello()
-        dog = watchdog.Watchdog(board, backward_syncs=True, error_file=None, stall_warning=stall_warning,
+        dog = watchdog.Watchdog(board, backward_syncs=True, error_file=None, stall_warning=settings.stall_warning,
                                 checks=watchdog.default_checks(stopping=False))
         dog.start()
         # The script's dist.destroy_process_group() ends the watch: its peers (and the store's host, rank 0's
@@ -210,14 +199,7 @@ def native_dump_path(launcher_pid: int, rank: int | str) -> str:
 
 def native_dump_file():
     """The open file for ``native_dump_path`` of this worker; stderr when it cannot be made (or no launcher)."""
-    # no torch: the launcher's settings
-    from ringtrain.errors import RingtrainError
-    from ringtrain.parallel import contract
-
-    try:
-        launcher = contract.read().launcher_pid
-    except RingtrainError:
-        launcher = None
+    launcher = _settings().launcher_pid
     if not launcher or "RANK" not in os.environ:
         return sys.stderr
     try:
@@ -280,8 +262,22 @@ def _tell_peers(status: int, reason: str, error: BaseException | None) -> dict |
     from ringtrain.parallel import environments
 
     env = environments.detect()
+    settings = _settings()
     return liveness.leave_process(status, reason, (env.master_addr, env.master_port), env.rank, env.world_size,
-                                  f"{env.restart_count}-0", error)
+                                  f"{env.restart_count}-0", error, secret=settings.job_secret,
+                                  agent=settings.agent_nonce)
+
+
+def _settings():
+    """The launcher's settings (parallel/contract.py); the defaults where a variable is bad (a ring says so)."""
+    # no torch: the launcher's contract
+    from ringtrain.errors import RingtrainError
+    from ringtrain.parallel import contract
+
+    try:
+        return contract.read()
+    except RingtrainError:
+        return contract.Settings()
 
 
 def finish(status: int, reason: str, error: BaseException | None) -> None:
@@ -314,7 +310,7 @@ def finish(status: int, reason: str, error: BaseException | None) -> None:
     if status != 0:
         from ringtrain.liveness import failures  # the script has run: loading it now costs it nothing
 
-        failures.stop_own_processes()  # what the script started goes with it (failures.py says why)
+        failures.stop_own_processes(_settings().run_id is not None)  # what the script started goes with it
     if status < 0:  # ended by a signal (-N, as subprocess says it): by that signal still, as Python would end
         signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)

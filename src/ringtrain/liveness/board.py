@@ -19,7 +19,7 @@ a warning with a C++ stack, and the watchdog would print one twice a second unti
 Every record (hello, post, whereabouts, stack answer) is sealed (seal.py) and read back only if its
 seal is the job's: a post another process forged into the store is ignored (and named on stderr). The
 hellos are sealed with the job's secret, and each holds a nonce its rank drew as it joined (and its
-agent's, ``AGENT_NONCE_ENV``); every other record is sealed with the job's key, derived from the secret
+agent's, ``agent``: RINGTRAIN_AGENT_NONCE); every other record is sealed with the job's key, derived from the secret
 and all the generation's hellos (``bind``: a rank at formation, once every hello is there; the agent and
 a plain script's board when they first need it). A post copied from another job's store or another
 attempt's (the same keys, perhaps the same secret) is ignored. Once bound, a board's hellos are the ones
@@ -41,7 +41,7 @@ from typing import Any
 from . import procs
 from .activity import engine_sequence
 from .records import Blame, Exit, Post, Whereabouts
-from .seal import AGENT_NONCE_ENV, Seal, new_nonce
+from .seal import Seal, new_nonce
 
 PREFIX = "ringtrain/live"
 MAX_WORLD = 1 << 20  # more ranks than any job has run (ranks are 32-bit ints; the largest jobs had ~10**5)
@@ -100,7 +100,11 @@ class Board:
     """The liveness keys of one process group in the job's store. Never raises on store errors."""
 
     def __init__(self, store: Any, rank: int, world_size: int, generation: str, seal: Seal | None = None,
-                 reach: _Reach | None = None, binding: _Binding | None = None):
+                 reach: _Reach | None = None, binding: _Binding | None = None, *, agent: str | None = None,
+                 address: str | None = None):
+        """``seal``: the job's secret's own (None: unsealed); ``agent``: this job's launcher's nonce (its workers'
+        hellos carry it; the launcher reads only a board whose hellos do); ``address``: the store's, for reports.
+        The launcher contract's settings give all three (whoever makes the board reads them)."""
         import torch.distributed as dist
 
         self.rank, self.world_size, self.generation = rank, world_size, generation
@@ -109,7 +113,8 @@ class Board:
         self._plain = store
         self._raw = _Guarded(store, self._reach)
         self.store = _Guarded(dist.PrefixStore(f"{PREFIX}/{generation}", store), self._reach)
-        self.seal = seal if seal is not None else Seal.from_environ()  # the secret's own: the hellos'
+        self.seal = seal if seal is not None else Seal(None)  # the secret's own: the hellos'
+        self.agent, self.address = agent, address
         self.posted: Post | None = None  # what this rank posted, if it did
 
     @property
@@ -123,7 +128,8 @@ class Board:
             store = self._plain.clone()
         except (RuntimeError, AttributeError):  # a store type without clone(): share the object
             store = self._plain
-        return Board(store, self.rank, self.world_size, self.generation, self.seal, self._reach, self._binding)
+        return Board(store, self.rank, self.world_size, self.generation, self.seal, self._reach, self._binding,
+                     agent=self.agent, address=self.address)
 
     # --- sealed records (seal.py) -----------------------------------------------------------------
     def _full(self, key: str) -> str:
@@ -158,8 +164,8 @@ class Board:
         if binding.own is None:
             hello = {"pid": os.getpid(), "host": procs.host_identity(), "hostname": socket.gethostname(),
                      "nonce": new_nonce()}
-            if os.environ.get(AGENT_NONCE_ENV):
-                hello["agent"] = os.environ[AGENT_NONCE_ENV]
+            if self.agent:
+                hello["agent"] = self.agent
             binding.own = json.dumps(hello)
         with contextlib.suppress(RuntimeError, OSError):
             key = f"hello/{self.rank}"
@@ -213,7 +219,7 @@ class Board:
     def _fresh(self, hellos: dict[int, dict[str, Any]]) -> bool:
         """Do these hellos hold what this reader knows is of its own job: this process's own hello (a rank's board
         that said none itself), or its agent's nonce (the launcher's)? If not, it says so once."""
-        agent = os.environ.get(AGENT_NONCE_ENV)
+        agent = self.agent
         if 0 <= self.rank < self.world_size:
             mine = hellos.get(self.rank, {})
             fresh = mine.get("pid") == os.getpid() and mine.get("host") == procs.host_identity() and \
@@ -419,10 +425,11 @@ def _parsed(texts: list[str | None]) -> dict[int, dict[str, Any]]:
     return out
 
 
-def job_board(store: Any = None, master: tuple[str, int] | None = None) -> "Board | None":
+def job_board(store: Any = None, master: tuple[str, int] | None = None, *, secret: str | None = None,
+              agent: str | None = None) -> "Board | None":
     """The newest generation's board of a job, for the launcher (it hosts the store, or reaches ``master``);
     None when no rank has joined a process group yet, the store cannot be reached, or the hellos there are
-    another job's (``Board.bind``: none holds this launcher's nonce)."""
+    another job's (``Board.bind``: none holds this launcher's nonce, ``agent``). ``secret``: the job's."""
     import datetime
 
     import torch.distributed as dist
@@ -444,7 +451,7 @@ def job_board(store: Any = None, master: tuple[str, int] | None = None) -> "Boar
     # world too large to be one (the launcher reads every rank's keys), is no board to read.
     if not 1 <= world <= MAX_WORLD or not _GENERATION.fullmatch(generation):
         return None
-    board = Board(store, -1, world, generation)
+    board = Board(store, -1, world, generation, Seal(secret), agent=agent)
     if not board.bind() and board.refused:
         return None
     return board

@@ -79,10 +79,11 @@ def info_of(message: Any) -> dict[str, Any] | None:
     return None
 
 
-def stop_own_processes() -> list[int]:
+def stop_own_processes(under_agent: bool) -> list[int]:
     """A failing torchrun worker: SIGTERM the processes it started (its process group), not itself.
 
-    Only a worker that torchrun's agent started (``TORCHELASTIC_RUN_ID`` set) and that leads
+    Only a worker that torchrun's agent started (``under_agent``: ``TORCHELASTIC_RUN_ID`` set, as the launcher
+    contract's settings say, read by the caller) and that leads
     its own process group: ``python train.py`` typed in a shell also leads a group (job
     control), and there the group holds the user's ``| tee log`` too. The members are found
     in ``/proc`` (Linux) and signalled one by one, so this works from any thread (the
@@ -90,7 +91,7 @@ def stop_own_processes() -> list[int]:
     Returns the pids signalled.
     """
     me = os.getpid()
-    if "TORCHELASTIC_RUN_ID" not in os.environ or not hasattr(os, "getpgrp") or os.getpgrp() != me:
+    if not under_agent or not hasattr(os, "getpgrp") or os.getpgrp() != me:
         return []
     signalled = []
     for pid in _group_members(me):

@@ -41,6 +41,7 @@ from . import dump, failures, procs, stall
 from .activity import Activity
 from .board import Board
 from .records import PREEMPTED, PREEMPTED_EXIT, Blame, Post
+from .seal import Seal
 from .watchdog import GRACE_S, POLL_S, STALL_WARNING_S, Watchdog, default_checks, vanished_blame  # noqa: F401
 
 __all__ = [
@@ -78,12 +79,13 @@ class Membership:
 
     def __init__(self, board: Board, activity: Activity | None = None, *, backward_syncs: bool,
                  error_file: str | None, watch: bool = True, stall_warning: float | None = STALL_WARNING_S,
-                 stopping: bool = True, note: str | None = None, preempt_signal: str | None = None):
+                 stopping: bool = True, note: str | None = None, preempt_signal: str | None = None,
+                 under_agent: bool = False):
         self.board = board
         self.preempt_signal = preempt_signal  # the job's (ringtrain run --preempt-signal): stacks move off SIGUSR1
         self.error_file = error_file
         self.watchdog = Watchdog(board, activity, backward_syncs=backward_syncs, error_file=error_file,
-                                 stall_warning=stall_warning, note=note,
+                                 stall_warning=stall_warning, note=note, under_agent=under_agent,
                                  checks=None if stopping else default_checks(stopping=False)) if watch else None
         self._previous_hook: Any = None
         self._armed: dump.Armed | None = None
@@ -245,7 +247,7 @@ def _find_lost_peer(board: Board, wait_s: float = LOST_PEER_WAIT_S,
         if first is not None:
             return first
         if board.lost:  # the store went with the peer: the node that hosts it is gone, and nobody can post
-            blame = store_host_lost()
+            blame = store_host_lost(board.address)
             return Post(rank=blame.rank, state="failed", reason=blame.reason, time=time.time(), blame=blame)
         if neighbours is None:
             neighbours = board.neighbours()
@@ -260,12 +262,12 @@ def _find_lost_peer(board: Board, wait_s: float = LOST_PEER_WAIT_S,
         time.sleep(0.1)
 
 
-def store_host_lost() -> Blame:
+def store_host_lost(address: str | None = None) -> Blame:
     """The blame when a peer's connection and the job's store closed together: the store's host is gone.
     Rank 0 runs there under ``ringtrain run``, torchrun's static rendezvous, srun and ``rt.launch`` (the
     rank number is kept for the records; the words name the store, not a rank: under torchrun's c10d
-    rendezvous the store's node need not hold rank 0)."""
-    where = f"at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} " if "MASTER_PORT" in os.environ else ""
+    rendezvous the store's node need not hold rank 0). ``address``: the store's (``Board.address``), if known."""
+    where = f"at {address} " if address else ""
     return Blame(0, "unreachable", f"{where}closed its connections together with a peer: whoever hosts it (node "
                                    "0's ringtrain run or torchrun; rank 0 itself under srun or a plain env:// start) "
                                    "is gone: killed, crashed, or its network lost")
@@ -324,7 +326,8 @@ def _says(error: BaseException | None, texts: tuple[str, ...]) -> bool:
 
 
 def leave_process(status: int, reason: str, master: tuple[str, int], rank: int, world_size: int,
-                  generation: str, error: BaseException | None = None) -> Post | None:
+                  generation: str, error: BaseException | None = None, *, secret: str | None = None,
+                  agent: str | None = None) -> Post | None:
     """A launcher's worker entry, when the user's script is over: post how this rank left; return the post.
 
     A ring (or hvd.init) posts on its own board; a plain torch.distributed script gets a board
@@ -343,7 +346,7 @@ def leave_process(status: int, reason: str, master: tuple[str, int], rank: int, 
     # Best effort: the store's host (rank 0's process in an elastic job) may be leaving too, and torch's C++
     # client prints every failed connect with a stack (one run in three of the DDP elastic tutorial's script).
     with native_stderr_quiet():
-        board = plain_board(master[0], master[1], rank, world_size, generation)
+        board = plain_board(master[0], master[1], rank, world_size, generation, secret=secret, agent=agent)
         if board is None:
             return None
         try:
@@ -385,7 +388,8 @@ def explain() -> str | None:
     return first.as_blame().describe()
 
 
-def plain_board(master_addr: str, master_port: int, rank: int, world_size: int, generation: str) -> Board | None:
+def plain_board(master_addr: str, master_port: int, rank: int, world_size: int, generation: str, *,
+                secret: str | None = None, agent: str | None = None) -> Board | None:
     """A board for a plain torch.distributed script (no ring): a fresh client of the launcher's store. It learns the
     job's key from the hellos there once it needs it and they are all there (board.py, ``Board.bind``; this rank's
     must be this process's); until then it seals with the job's secret alone."""
@@ -398,7 +402,7 @@ def plain_board(master_addr: str, master_port: int, rank: int, world_size: int, 
                               wait_for_workers=False)
     except (RuntimeError, OSError, ValueError):
         return None
-    return Board(store, rank, world_size, generation)
+    return Board(store, rank, world_size, generation, Seal(secret), agent=agent, address=f"{master_addr}:{master_port}")
 
 
 def _listening(host: str, port: int, timeout: float = 2.0) -> bool:

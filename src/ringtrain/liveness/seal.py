@@ -19,7 +19,7 @@ whatever anyone wrote in the store: a post copied from elsewhere opens nowhere (
 job"), and a hello copied from elsewhere only makes the ranks that read it derive a key nobody else
 holds (their posts then go unheard: a denial, said on stderr, never another job's word taken). A
 reader that said no hello of its own (the launcher's agent) binds only to a set of hellos holding
-something it knows is fresh: its agent's nonce (``AGENT_NONCE_ENV``, drawn per ``ringtrain run``), which
+something it knows is fresh: its agent's nonce (``RINGTRAIN_AGENT_NONCE``, drawn per ``ringtrain run``), which
 its workers put in theirs. ``job`` (16 hex characters, public) names the job's key in each seal, so a
 reader tells a replay from a forgery; the secret's own seal (hellos) has ``job == ""``.
 
@@ -45,15 +45,15 @@ import os
 import secrets
 import sys
 import time
-from typing import Mapping
 
 from ..errors import RingtrainError
 
-SECRET_ENV = "RINGTRAIN_JOB_SECRET"
-SECRET_FILE_ENV = "RINGTRAIN_JOB_SECRET_FILE"
-# A nonce ``ringtrain run`` draws per job and hands its workers (no secret: it may show anywhere); each worker's
-# hello carries it, so that the agent knows which hellos on the store are its own job's (board.py, ``bind``).
-AGENT_NONCE_ENV = "RINGTRAIN_AGENT_NONCE"
+# The secret and the agent's nonce reach a worker as the launcher contract's variables (parallel/contract.py:
+# RINGTRAIN_JOB_SECRET, RINGTRAIN_JOB_SECRET_FILE, RINGTRAIN_AGENT_NONCE); whoever makes a seal or a board reads
+# them there and hands them in. The nonce is no secret (it may show anywhere): each worker's hello carries it, so
+# that the agent knows which hellos on the store are its own job's (board.py, ``bind``).
+SECRET_NAME = "RINGTRAIN_JOB_SECRET"  # the words of the messages below (the contract's table has the variable)
+SECRET_FILE_NAME = "RINGTRAIN_JOB_SECRET_FILE"
 TAG = "rt-seal2:"
 _MAC_CHARS = 64  # hex SHA-256
 _JOB_CHARS = 16  # the public name of a job's key
@@ -68,10 +68,6 @@ class Seal:
         self._key = secret.encode() if secret else None
         self.job = ""  # the public name of this seal's job key; "" for the secret's own seal
         self._reported: set[str] = set()  # keys whose rejection was already said (one line per key)
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> "Seal":
-        return cls(environ.get(SECRET_ENV) or None)
 
     @property
     def active(self) -> bool:
@@ -114,7 +110,7 @@ class Seal:
         if self._key is None:
             return value if parsed is None else parsed[2]  # nothing to check with: accept what it reads
         if parsed is None:
-            self.reject(key, f"it is not sealed (another process wrote it, or a node that has no {SECRET_ENV})")
+            self.reject(key, f"it is not sealed (another process wrote it, or a node that has no {SECRET_NAME})")
             return None
         job, mac, text = parsed
         if job != self.job:
@@ -122,14 +118,14 @@ class Seal:
             return None
         if not hmac.compare_digest(mac, self._mac(self._key, key, text)):
             self.reject(key, f"its seal does not match this job's secret (another process wrote it, or this node "
-                             f"has another {SECRET_ENV} than the one that wrote it)")
+                             f"has another {SECRET_NAME} than the one that wrote it)")
             return None
         return text
 
     def _other_job(self, job: str) -> str:
         if self.job and job:
             return ("it was sealed for another job: a post copied from another job's store (or another attempt's) "
-                    f"and written here, or sealed with another {SECRET_ENV}; not by this job's ranks")
+                    f"and written here, or sealed with another {SECRET_NAME}; not by this job's ranks")
         if self.job:
             return ("it is sealed with the job's secret alone, not with this job's key: copied from another job's "
                     "store (a hello, or a post of a process that never learnt its job's key), not by this job's ranks")
@@ -162,23 +158,22 @@ def new_secret() -> str:
     return secrets.token_hex(32)
 
 
-def user_secret(environ: Mapping[str, str] = os.environ) -> str | None:
-    """The secret the user gave: ``RINGTRAIN_JOB_SECRET``, or the first line of ``RINGTRAIN_JOB_SECRET_FILE``."""
-    given = environ.get(SECRET_ENV)
+def user_secret(given: str | None, path: str | None) -> str | None:
+    """The secret the user gave: ``given`` (``RINGTRAIN_JOB_SECRET``), or the first line of the file ``path``
+    (``RINGTRAIN_JOB_SECRET_FILE``)."""
     if given:
         return given
-    path = environ.get(SECRET_FILE_ENV)
     if not path:
         return None
     try:
         with open(path) as f:
             text = f.readline().strip()
     except OSError as e:
-        raise RingtrainError(f"{SECRET_FILE_ENV}={path} cannot be read: {e.strerror}",
+        raise RingtrainError(f"{SECRET_FILE_NAME}={path} cannot be read: {e.strerror}",
                              "point it at a file every node can read (mode 600), holding one line: the job's "
                              "secret (e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`).") from e
     if not text:
-        raise RingtrainError(f"{SECRET_FILE_ENV}={path} is empty",
+        raise RingtrainError(f"{SECRET_FILE_NAME}={path} is empty",
                              "write the job's secret on its first line (the same file, or the same line, on "
                              "every node).")
     return text
@@ -208,14 +203,15 @@ def loopback_secret(home: str | None = None) -> str:
         return f.read().strip()
 
 
-def job_secret(multi_node: bool, environ: Mapping[str, str] = os.environ,
+def job_secret(multi_node: bool, given: str | None = None, path: str | None = None,
                loopback: bool = False) -> tuple[str | None, str | None]:
     """(the secret this agent hands its workers, a warning for the user or None).
 
     The user's secret if given; else one made now for a single-node job (nobody else needs it); else, for
     nodes that all run on this machine (``loopback``), this user's loopback secret; else none: the nodes of a
-    multi-node job would each make their own and reject one another's posts."""
-    given = user_secret(environ)
+    multi-node job would each make their own and reject one another's posts. ``given``, ``path``: the user's
+    (``user_secret``)."""
+    given = user_secret(given, path)
     if given:
         return given, None
     if not multi_node:
@@ -224,6 +220,6 @@ def job_secret(multi_node: bool, environ: Mapping[str, str] = os.environ,
         with contextlib.suppress(OSError):
             return loopback_secret(), None
     return None, (f"ringtrain run: warning: this multi-node job's board is not sealed: any process that reaches "
-                  f"the master port can post a fake failure that ends the job.\nHINT: set {SECRET_ENV} (or "
-                  f"{SECRET_FILE_ENV}, a file holding it) to the same secret on every node; see "
+                  f"the master port can post a fake failure that ends the job.\nHINT: set {SECRET_NAME} (or "
+                  f"{SECRET_FILE_NAME}, a file holding it) to the same secret on every node; see "
                   "docs/security.md.")

@@ -280,7 +280,7 @@ class Watchdog(threading.Thread):
                  error_file: str | None, interval: float = POLL_S, grace: float = GRACE_S,
                  stall_warning: float | None = STALL_WARNING_S, stop: Callable[[str, dict[str, Any]], None] | None = None,
                  checks: list[Check] | None = None, note: str | None = None,
-                 sequence: Callable[[], int | None] = engine_sequence):
+                 sequence: Callable[[], int | None] = engine_sequence, under_agent: bool = False):
         super().__init__(name="ringtrain-watchdog", daemon=True)
         # What the main thread reports (its owner writes it: a ring, hvd.init); a plain script has nobody
         # writing one, and is read from its stack alone.
@@ -290,6 +290,7 @@ class Watchdog(threading.Thread):
         self.board = board.clone()
         self.backward_syncs = backward_syncs
         self.error_file = error_file
+        self.under_agent = under_agent  # started by torchrun's agent: a stop takes the processes it started along
         self.interval, self.grace, self.stall_warning = interval, grace, stall_warning
         self.checks = default_checks() if checks is None else checks
         self.sequence = sequence  # collectives issued on the default group (activity.engine_sequence; tests: their own)
@@ -413,5 +414,5 @@ class Watchdog(threading.Thread):
         if recorder is not None:  # a timeline's part, up to here (the merge is left to whoever outlives us)
             with contextlib.suppress(Exception):
                 recorder.close(merge=False)
-        failures.stop_own_processes()
+        failures.stop_own_processes(self.under_agent)
         os._exit(STOPPED_EXIT_CODE)

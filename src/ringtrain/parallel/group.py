@@ -31,6 +31,7 @@ from ..errors import RingtrainError, one_line
 from ..liveness import flight, membership as liveness
 from ..liveness.activity import Activity
 from ..liveness.board import BIND_WAIT_S
+from ..liveness.seal import Seal
 from ..liveness.watchdog import STALL_WARNING_S
 from . import contract, devices
 from .environments import Environment
@@ -137,7 +138,8 @@ class ProcessGroup:
                                           settings.run_id or str(os.getpid())))
         board = None
         if self.world_size > 1:
-            board = liveness.Board(raw, self.rank, self.world_size, generation)
+            board = liveness.Board(raw, self.rank, self.world_size, generation, Seal(settings.job_secret),
+                                   agent=settings.agent_nonce, address=f"{self.env.master_addr}:{self.env.master_port}")
             board.hello()  # before the group forms: every peer's hello is there once it has
         try:
             # Each formation's keys under a prefix of their own: a group formed again on the same
@@ -161,7 +163,8 @@ class ProcessGroup:
                                                   error_file=self.env.error_file,
                                                   stall_warning=self.options.stall_warning,
                                                   note=flight.note(self.backend, os.environ),
-                                                  preempt_signal=settings.preempt_signal)
+                                                  preempt_signal=settings.preempt_signal,
+                                                  under_agent=settings.run_id is not None)
             self.membership.start()
             atexit.register(self._at_exit)
 
