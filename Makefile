@@ -7,6 +7,10 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ringtrain-installed
+# Bytecode for the package and the tests, written before each run: where PYTHONDONTWRITEBYTECODE is set (this
+# machine sets it) every process would otherwise compile ringtrain's ~200 modules from source as it imports them,
+# ~1.8 s of CPU per worker the suite starts (docs/benchmarks.md, "What importing the Ring costs").
+BYTECODE = $(PY) -m compileall -q -j 0 src tests examples > /dev/null
 
 GPU_CHECK_OUT ?= gpu-check-report
 
@@ -26,11 +30,13 @@ install: $(STAMP)
 # GPU, which ringtrain refuses. `make demo DEMO_DEVICE=auto` uses one GPU per process when there are 2.
 DEMO_DEVICE ?= cpu
 demo: $(STAMP)
+	$(BYTECODE)
 	$(VENV)/bin/ringtrain run --nproc-per-node 2 examples/digits.py --epochs 8 --out runs/digits --device $(DEMO_DEVICE)
 
 # The whole suite on CPU (Gloo over 127.0.0.1). Pytest exits 5 when it collects no
 # test, and make passes that on as a failure.
 test: $(STAMP)
+	$(BYTECODE)
 	$(PY) -m pytest -q
 
 # The edit loop (about a minute on 2 cores): the layer rules, every in-process unit test, and a few
@@ -47,11 +53,13 @@ FAST_TESTS = tests/test_layers.py tests/test_docs.py tests/test_readme.py tests/
 	tests/tracking/test_table.py tests/tracking/test_run_log.py tests/tracking/test_progress.py \
 	tests/horovod/test_hvd_errors.py
 test-fast: $(STAMP)
+	$(BYTECODE)
 	$(PY) -m pytest -q $(FAST_TESTS)
 
 # Soak and full-matrix runs (tens of minutes on 2 cores): 200 save/close cycles under CPU load,
 # 200 finished jobs with no abort at exit, every way a rank can leave x every launcher.
 test-stress: $(STAMP)
+	$(BYTECODE)
 	$(PY) -m pytest -q -s -m stress
 
 # The real torch.compile equal to eager (tests/strategies/test_compiling.py; minutes cold on 2 cores, one inductor
