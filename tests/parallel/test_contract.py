@@ -123,3 +123,35 @@ def test_every_ringtrain_variable_named_in_src_is_in_the_table():
 def test_the_docs_page_is_generated_from_the_table(language, page):
     assert (DOCS / page).read_text() == contract.environment_page(language), (
         f"docs/{page} is out of date: python -m ringtrain.parallel.contract {language} > docs/{page}")
+
+
+def test_exported_sets_the_variables_for_the_block_and_puts_back_what_was_there():
+    environ = {"RINGTRAIN_TIMELINE": "/before", "PATH": "/bin"}
+    with contract.exported(contract.to_environ(timeline="/job", marks="/m"), environ):
+        assert contract.read(environ).timeline == "/job" and contract.read(environ).marks == "/m"
+    assert environ == {"RINGTRAIN_TIMELINE": "/before", "PATH": "/bin"}
+    with pytest.raises(KeyError), contract.exported({"RINGTRAIN_PREEMPTED_DIR": "/m"}, environ):
+        raise KeyError("the job failed")
+    assert "RINGTRAIN_PREEMPTED_DIR" not in environ  # put back on an error too
+
+
+def test_the_marks_folder_holds_each_ranks_step_and_the_agents_word(tmp_path):
+    contract.mark(0, 7, str(tmp_path))
+    contract.mark(1, 8, str(tmp_path))
+    contract.mark(2, 9, None)  # no agent: nothing written
+    (tmp_path / contract.SIGNALLED).write_text("15")
+    assert contract.marked(str(tmp_path)) == {0: 7, 1: 8} and contract.marked(None) == {}
+
+
+def test_the_launchers_flags_reach_the_workers_settings_through_the_contract(tmp_path):
+    """--preempt-signal and --stall-warning, from the command line to what a worker's ring reads."""
+    from ringtrain.launcher import plan as plans, run
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    argv = ["--preempt-signal", "USR1", "--stall-check-warning-time-seconds", "20", str(script)]
+    plan = plans.plan_from_args(run.build_parser().parse_args(argv))
+    workers = contract.read(plan.environment)  # what the agent exports (contract.exported) and a worker reads
+    assert workers.preempt_signal == "SIGUSR1" and workers.stall_warning == 20.0
+    ring = contract.override(workers, stall_warning=5)  # Ring(stall_warning=5) wins in the worker
+    assert ring.stall_warning == 5.0 and ring.preempt_signal == "SIGUSR1"

@@ -7,10 +7,13 @@ environment it inherits. torchrun's own variables (``RANK``, ``WORLD_SIZE``, ``L
 
 * ``Settings``: a frozen record of the values, typed and checked;
 * ``read(environ)``: the one reader. A bad value is refused with the variable's name and value;
-* ``to_environ(settings or fields)``: the one writer, the variables a launcher sets for its workers;
+* ``to_environ(settings or fields)``: the one writer, the variables a launcher sets for its workers, and
+  ``exported(variables)``: them set in this process while it starts the workers, put back afterwards;
 * ``VARIABLES``: the table (name, field, type, default, meaning, who sets it), from which
   ``docs/environment.md`` is generated (``environment_table``);
-* ``override(settings, **keywords)``: ``Ring(...)``'s keywords over the environment's values, in one place.
+* ``override(settings, **keywords)``: ``Ring(...)``'s keywords over the environment's values, in one place;
+* the protocol's constants and checks both sides share: the preemption signal's and grace's checks, the marks
+  folder's files (``mark``, ``marked``, ``SIGNALLED``).
 
 Components never read the environment themselves: whoever builds them (the Ring, the process-group service,
 ``hvd.init()``, the launcher's agent) reads ``Settings`` once and hands each its values. This module imports no
@@ -318,8 +321,9 @@ def read(environ: Mapping[str, str] | None = None) -> Settings:
 
 def to_environ(settings: Settings | None = None, **fields: Any) -> dict[str, str]:
     """The variables a launcher sets for its workers: those of ``settings`` that differ from the defaults, and
-    each of ``fields`` given (a ``Settings`` field name -> its value; ``None``: the variable is left out). Only
-    the variables ringtrain writes (not torchrun's or Slurm's)."""
+    each of ``fields`` given (a ``Settings`` field name -> its value; ``None``: the variable is left out, but for
+    ``stall_warning`` and ``debug_collectives``, where None is "off" and written ``0``). Only the variables
+    ringtrain writes (not torchrun's or Slurm's)."""
     given: dict[str, Any] = {}
     if settings is not None:
         default = Settings()
