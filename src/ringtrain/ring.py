@@ -146,7 +146,7 @@ class Ring:
         self._plain_loaders = PlainLoaders(self.strategy, self._held, self.print)
         self._resumer = Resumer(self.strategy, self._held, checkpoints, resume,  # takes the folder
                                 selfcheck.tolerance_of(resume_tolerance, self.device, deterministic))
-        if preemption is not None and preemption.install():  # from here on, SIGTERM is answered at a safe point
+        if preemption is not None and preemption.install(self.rank, self.local_rank):  # SIGTERM: at a safe point
             self._held.preemption = preemption
 
     # --- who and where ---------------------------------------------------------

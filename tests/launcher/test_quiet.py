@@ -17,9 +17,11 @@ import time
 import pytest
 from _launch_util import (
     FAILS_AT_STEP_3_ONCE,
+    PREEMPTIBLE,
     child_env,
     free_port,
     outputs,
+    preempted_by,
     results,
     ringtrain_cmd,
     run_ringtrain,
@@ -203,3 +205,14 @@ def test_fsdps_view_warning_is_said_once_per_job_not_once_per_rank(tmp_path):
                          timeout=120)
     assert proc.returncode == 0, outputs(proc)
     assert proc.stderr.count("returned a view tensor") == 1, outputs(proc)
+
+
+def test_a_preemption_says_got_sigterm_once_for_the_node_not_once_per_rank(tmp_path):
+    # ringtrain run passes the SIGTERM to every worker: each printed "ringtrain: got SIGTERM: finishing this step",
+    # the same line twice with no rank named.
+    first, _ = preempted_by(ringtrain_cmd("run", "--nproc-per-node", "2", str(write(tmp_path / "t.py", PREEMPTIBLE))),
+                            signal.SIGTERM, tmp_path, _env())
+    assert first.returncode == 75, outputs(first)
+    assert first.stderr.count("got SIGTERM: finishing this step") == 1, outputs(first)
+    assert "got SIGTERM: finishing this step, then a checkpoint and exit 75 (preempted); every rank of this node got it" \
+        in first.stderr, outputs(first)

@@ -82,12 +82,16 @@ class Preemption:
         self.marks, self.slurm_job = marks, slurm_job
         self.signals = [int(signal.SIGTERM)] + ([extra_signal] if extra_signal not in (None, signal.SIGTERM) else [])
         self.requested: int | None = None  # the signal, once one came
+        self.rank: int | None = None  # this process's (install), for the line the signal prints
+        self.local_rank: int | None = None
         self._previous: dict[int, Any] = {}
         self._pending: tuple[Any, Any] | None = None  # (the engine's work, its tensor): the agreement in flight
         self.agreed = False
 
-    def install(self) -> bool:
-        """Take the signals (main thread only); False where signals cannot be taken here."""
+    def install(self, rank: int | None = None, local_rank: int | None = None) -> bool:
+        """Take the signals (main thread only); False where signals cannot be taken here. ``rank``, ``local_rank``:
+        this process's, for the line a signal prints."""
+        self.rank, self.local_rank = rank, local_rank
         if threading.current_thread() is not threading.main_thread():
             return False
         for signum in self.signals:
@@ -120,8 +124,15 @@ class Preemption:
         # Only a note: a save in progress finishes, and a second signal changes nothing.
         if self.requested is None:
             self.requested = signum
-            print(f"ringtrain: got {signal.Signals(signum).name}: finishing this step, then a checkpoint and exit "
-                  f"{EXIT_CODE} (preempted)", file=sys.stderr, flush=True)
+            said = (f"got {signal.Signals(signum).name}: finishing this step, then a checkpoint and exit {EXIT_CODE} "
+                    "(preempted)")
+            if self.marks and agent_signalled(self.marks):
+                # ringtrain run passed it to every worker of its node: one line for the node, not one per rank.
+                if self.local_rank in (None, 0):
+                    print(f"ringtrain: {said}; every rank of this node got it", file=sys.stderr, flush=True)
+            else:
+                who = "" if self.rank is None else f"rank {self.rank}: "
+                print(f"ringtrain: {who}{said}", file=sys.stderr, flush=True)
 
     def due(self, world_size: int) -> bool:
         """At a safe point: do the ranks agree that one of them was signalled? The answer of the agreement
