@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import stat
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -241,3 +243,29 @@ def test_consolidate_replaces_an_existing_file_only_with_force_and_never_a_devic
                           capture_output=True, text=True, timeout=60, env=child_env())
     assert proc.returncode == 2 and "not a regular file" in proc.stderr, outputs(proc)
     assert stat.S_ISFIFO(os.stat(tmp_path / "pipe").st_mode)
+
+
+def test_ctrl_c_before_a_command_takes_it_is_one_line_not_a_traceback():
+    # ringtrain run's start-up (torch importing, the preflight checks) printed 20-40 lines of KeyboardInterrupt
+    # traceback for a Ctrl-C; any command's start is now one line, and the process ends by SIGINT as a shell expects.
+    code = ("import sys, types, ringtrain.cli as cli\n"
+            "def main(argv):\n    raise KeyboardInterrupt\n"
+            "sys.modules['starting'] = types.SimpleNamespace(main=main)\n"
+            "cli.COMMANDS['starting'] = cli.Command('starting', 'a command still starting up')\n"
+            "sys.exit(cli.main(['starting']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=child_env())
+    assert proc.returncode == -signal.SIGINT and proc.stderr == "ringtrain starting: interrupted (SIGINT)\n", \
+        outputs(proc)
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_ringtrain_run_starts_shows_no_traceback(tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("print('ran')\n")
+    proc = subprocess.Popen(ringtrain_cmd("run", "--nproc-per-node", "2", str(script)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=child_env(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(0.3)  # torch is still importing here (1-3 s on 2 cores); later, the job's own Ctrl-C handling
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=90)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, f"--- exit {proc.returncode}\n{out}\n{err}"

@@ -9,6 +9,8 @@ pay for importing torch.
 from __future__ import annotations
 
 import importlib
+import os
+import signal
 import sys
 from typing import NamedTuple
 
@@ -71,7 +73,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ringtrain: unknown command {name!r}\nHINT: use one of: {', '.join(COMMANDS)} "
               "(e.g. `ringtrain run --nproc-per-node 2 train.py`).", file=sys.stderr)
         return 2
-    return importlib.import_module(command.module).main(rest)
+    try:
+        return importlib.import_module(command.module).main(rest)
+    except KeyboardInterrupt:
+        # Ctrl-C that no command took itself (ringtrain run's agent takes it once the job runs): during start-up,
+        # torch still importing, it was 20 lines of traceback through the launcher's preflight checks.
+        print(f"ringtrain {name}: interrupted (SIGINT)", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)  # ended by SIGINT, as a shell expects of Ctrl-C (its loop stops too)
+        return 130
 
 
 if __name__ == "__main__":
