@@ -32,6 +32,7 @@ _EXPORTS = {
     "seed_everything": "ringtrain.loop.seeding",
     "RingtrainError": "ringtrain.errors",
     "launch": "ringtrain.launcher.spawn",
+    "plan": "ringtrain.planning",
     "spawn": "ringtrain.launcher.spawn",
     "scale_lr": "ringtrain.loop.optim",
     "split": "ringtrain.parallel.stages",

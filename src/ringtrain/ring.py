@@ -33,6 +33,7 @@ from .loop.step import Step
 from .parallel import contract, environments
 from .parallel.group import DEFAULT_TIMEOUT, GroupOptions
 from .parallel.syncbn import convert_sync_batchnorm
+from .planning import mode as planning_mode
 from .strategies import BackwardSyncControl, PipelineSchedule, Strategy
 from .strategies.compiling import BlockTransforms
 from .tracking import timeline as timelines
@@ -96,6 +97,9 @@ class Ring:
         activation_checkpointing: Any = None,
         compile: Any = False,
     ):
+        self._plan = planning_mode.request()  # `ringtrain plan` runs this script: setup plans, and the script exits
+        if self._plan is not None:  # no group forms, no device is claimed, no folder is written
+            strategy, device, checkpoint_dir, log_dir, timeline = self._plan.take(strategy), "cpu", None, None, None
         # The launcher's settings (RINGTRAIN_*), this ring's keywords over them: the one place that decides.
         settings = contract.override(contract.read(), timeline=timeline, preempt_signal=preempt_signal,
                                      preempt_grace=preempt_grace, stall_warning=stall_warning,
@@ -189,6 +193,8 @@ class Ring:
         SyncBatchNorm if asked, the precision, its device and the strategy's wrap or shards, from rank 0's weights.
         The optimizer (same object) steps and zeroes gradients on accumulation boundaries only, through the fp16
         scaler; the scheduler steps after a real step. ``options`` go to the strategy that understands them."""
+        if self._plan is not None:  # planning mode (planning/mode.py): the model's first call is planned
+            return self._plan.setup(model, optimizer, scheduler, self._precision)
         strategies.check_setup(self.strategy, model, optimizer, scheduler, options)
         if self._sync_batchnorm:
             model = convert_sync_batchnorm(model)

@@ -22,6 +22,7 @@ class Command(NamedTuple):
 
 COMMANDS: dict[str, Command] = {
     "run": Command("ringtrain.launcher.run", "start a training script on N processes per node, on one or many nodes"),
+    "plan": Command("ringtrain.cli.plan", "will it fit: memory per rank and step time for every layout, from the script"),
     "env": Command("ringtrain.launcher.env_info", "print versions, devices, backends and launcher variables for a bug report"),
     "bench": Command("ringtrain.bench.cli", "measure every mode (single, dp, ddp, accumulate, hvd, pipeline, raw DDP) on this machine"),
     "doctor": Command("ringtrain.doctor.cli", "read a plain PyTorch distributed script and name the traps it falls into"),

@@ -251,6 +251,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("RINGTRAIN_CHECK_RESUME", "check_resume", "folder", "none",
              "--check-resume's folder: the rings save there every step, and the second run resumes from it",
              "ringtrain run --check-resume"),
+    Variable("RINGTRAIN_PLAN", "plan", "folder", "off",
+             "the script runs in planning mode: ring.setup plans every layout (docs/plan.md), writes the plan "
+             "in this folder and exits; no process group forms", "ringtrain plan"),
     Variable("RINGTRAIN_NODE_TOKEN", "node_token", "text", "none",
              "a -H node's agent carries it: the launcher finds that process by it to pass on a signal over ssh",
              "ringtrain run -H (each remote node)"),
@@ -284,6 +287,7 @@ class Settings:
     launcher_pid: int | None = None
     check_resume: str | None = None
     node_token: str | None = None
+    plan: str | None = None  # ringtrain plan's folder: planning mode
     run_id: str | None = None
     slurm_job: str | None = None
 
