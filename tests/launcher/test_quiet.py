@@ -123,6 +123,8 @@ def test_a_restart_shows_the_failing_ranks_traceback_only(tmp_path):
     assert proc.returncode == 0, outputs(proc)
     assert proc.stderr.count("Traceback") == 1 and "ValueError: the first attempt fails at step 3" in proc.stderr, \
         outputs(proc)
+    # the per-rank table is the last attempt's: it says so, not as the run's whole
+    assert "(the last of 2 attempts only" in proc.stderr, outputs(proc)
     # rank 0, waiting in its all-reduce, says at most one line naming the cause (when torchrun's agent has not
     # stopped it first), never Gloo's traceback
     assert "Connection closed by peer" not in proc.stderr and "[rank0]:" not in proc.stderr, outputs(proc)

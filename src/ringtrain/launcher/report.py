@@ -263,7 +263,14 @@ def run_summary(board: Any) -> str | None:
     """The per-rank step times of a finished job (ring loops publish them), or None."""
     if board is None:
         return None
-    return per_rank_summary({r: v.times for r, v in board.whereabouts().items()})
+    summary = per_rank_summary({r: v.times for r, v in board.whereabouts().items()})
+    restarts = board.generation.split("-")[0]
+    if summary and restarts.isdigit() and int(restarts) > 0:
+        # The board is the last attempt's: an earlier attempt's steps are not in it (45 of a run's 60 steps, shown
+        # as the run's). The run log keeps every step once.
+        summary += (f"\n  (the last of {int(restarts) + 1} attempts only: ring.log's ranks.csv holds every step of the "
+                    "run; `ringtrain plot RUN_DIR` adds it up)")
+    return summary
 
 
 def whereabouts_lines(board: Any) -> list[str]:
