@@ -192,7 +192,7 @@ class Variable:
     """One row of the table: an environment variable and the ``Settings`` field it fills."""
 
     name: str  # the variable
-    field: str  # the Settings field
+    field: str | None  # the Settings field; None: another tool's variable ringtrain sets or reads (no setting)
     type: str  # as the docs say it
     default: str  # as the docs say it: what an unset variable means
     meaning: str
@@ -263,9 +263,46 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("SLURM_JOB_ID", "slurm_job", "text", "none",
              "names the job where torchrun does not; requeue=True requeues it (scontrol requeue)",
              "Slurm", write=None),
+    # Other tools' variables ringtrain sets for the workers or reads where it works with that tool: no setting of
+    # the contract (no field, read() leaves them alone), listed so that the one table holds every variable.
+    Variable("CUDA_VISIBLE_DEVICES", None, "GPU list", "every GPU", "the GPUs this node's workers see",
+             "ringtrain run --gpus (the agent)", write=None),
+    Variable("OMP_NUM_THREADS", None, "count", "torch's", "the workers' CPU threads: this machine's usable cores "
+             "shared among its ranks when it is unset and more than one runs (the user's value is kept)",
+             "ringtrain run's agent", write=None),
+    Variable("GLOO_SOCKET_IFNAME", None, "interface", "Gloo's choice", "a one-machine job's Gloo listens on "
+             "loopback only (unless it is set); horovodrun's --network-interface/--nics choose one",
+             "ringtrain run's agent, rt.launch, ringtrain run --nics", write=None),
+    Variable("NCCL_SOCKET_IFNAME", None, "interface", "NCCL's choice", "horovodrun's --network-interface/--nics, "
+             "as horovodrun sets it", "ringtrain run --nics", write=None),
+    Variable("NCCL_IB_DISABLE", None, "1", "unset", "horovodrun's --tcp, as horovodrun sets it",
+             "ringtrain run --tcp", write=None),
+    Variable("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None, "1", "unset", "an elastic job's workers get a store of "
+             "their own each round (unless it is set)", "ringtrain run's agent (elastic jobs)", write=None),
+    Variable("TORCHELASTIC_USE_AGENT_STORE", None, "True", "unset", "rt.launch's processes join the store their "
+             "parent hosts", "rt.launch", write=None),
+    Variable("TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_NCCL_DEBUG_INFO_TEMP_FILE", None,
+             "torch's", "torch's", "NCCL's flight recorder on, and a dump per rank when a collective times out "
+             "(each unless it is set)", "the process-group service (NCCL groups)", write=None),
+    Variable("HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, HOROVOD_LOCAL_SIZE, HOROVOD_CROSS_RANK, "
+             "HOROVOD_CROSS_SIZE, HOROVOD_HOSTNAME", None, "Horovod's", "unset", "the script's place as Horovod "
+             "says it, from torchrun's variables", "ringtrain run --horovod (the worker entry)", write=None),
+    Variable("PYTHONPATH", None, "path", "the user's", "ringtrain's horovod alias package first, for the "
+             "processes the script starts", "ringtrain run --horovod, python -m ringtrain.horovod", write=None),
+    Variable("HOROVOD_CYCLE_TIME, HOROVOD_CACHE_CAPACITY, HOROVOD_HIERARCHICAL_ALLREDUCE", None, "Horovod's",
+             "unset", "horovodrun's other tuning flags (these and the rest of its group in ringtrain run --help), "
+             "as the variables horovodrun sets",
+             "ringtrain run --cycle-time-ms, --cache-capacity, ...", write=None),
+    Variable("PET_*", None, "torchrun's", "unset", "torchrun's flags given as variables: read as the defaults of "
+             "ringtrain run's own (as torchrun reads them); -H drops them before the agents start",
+             "the user (read by ringtrain run)", write=None),
+    Variable("WANDB_PROJECT", None, "text", "ringtrain", "the W&B project of Ring(log_with=['wandb'])",
+             "the user (read by ring.log's W&B adapter)", write=None),
+    Variable("MLFLOW_TRACKING_URI", None, "URI", "mlflow's", "where Ring(log_with=['mlflow']) logs",
+             "the user (read by ring.log's MLflow adapter)", write=None),
 )
-_BY_FIELD = {v.field: v for v in VARIABLES}
-ENV = {v.field: v.name for v in VARIABLES}  # a field -> its variable's name (for messages, and the writers' keys)
+_BY_FIELD = {v.field: v for v in VARIABLES if v.field is not None}
+ENV = {v.field: v.name for v in VARIABLES if v.field is not None}  # a field -> its variable's name (for messages, and the writers' keys)
 
 
 @dataclass(frozen=True)
@@ -311,7 +348,7 @@ def read(environ: Mapping[str, str] | None = None) -> Settings:
     refused with its name and value; an empty one counts as unset."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
-    for variable in VARIABLES:
+    for variable in _BY_FIELD.values():
         raw = environ.get(variable.name)
         if raw is None or raw == "":
             continue
@@ -429,7 +466,9 @@ def environment_table(language: str = "en") -> str:
             "zh-CN": ("变量", "Settings 字段", "类型", "未设置时", "由谁设置", "含义")}[language]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in VARIABLES:
-        rows.append(f"| `{v.name}` | `{v.field}` | {v.type} | {v.default} | {v.set_by} | {v.meaning} |")
+        names = ", ".join(f"`{name}`" for name in v.name.split(", "))
+        field = f"`{v.field}`" if v.field else "—"
+        rows.append(f"| {names} | {field} | {v.type} | {v.default} | {v.set_by} | {v.meaning} |")
     return "\n".join(rows) + "\n"
 
 
@@ -440,20 +479,23 @@ _PAGES = {
            "torchrun's own do. torchrun's (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, ...) and the "
            "schedulers' (`SLURM_*`, `OMPI_*`) are read by the environment detectors "
            "(`src/ringtrain/parallel/environments.py`); every other variable ringtrain sets or reads is below. "
-           "One module reads and writes them all, `src/ringtrain/parallel/contract.py`: its `VARIABLES` is this "
-           "table, `read()` the one reader (a bad value is refused with the variable's name), `to_environ()` the "
-           "one writer. A `Ring(...)` keyword (`timeline`, `preempt_signal`, `preempt_grace`, `stall_warning`, "
-           "`debug_collectives`) wins over its variable.\n\n"
+           "One module holds them, `src/ringtrain/parallel/contract.py`: its `VARIABLES` is this table. The rows "
+           "with a `Settings` field are the launcher's settings for its workers: `read()` is their one reader (a "
+           "bad value is refused with the variable's name and value), `to_environ()` their one writer, and a "
+           "`Ring(...)` keyword (`timeline`, `preempt_signal`, `preempt_grace`, `stall_warning`, "
+           "`debug_collectives`) wins over its variable. The rows without one (—) are other tools' variables "
+           "ringtrain sets for the workers or reads where it works with that tool.\n\n"
            "<!-- generated from ringtrain.parallel.contract.VARIABLES: "
            "python -m ringtrain.parallel.contract > docs/environment.md -->\n\n"),
     "zh-CN": ("# 环境变量：`ringtrain run` 告诉 worker 的设置\n\n"
               "设置从 `ringtrain run`（以及 `rt.launch`）以环境变量传给 worker，与 torchrun 自己的变量一样。"
               "torchrun 的变量（`RANK`、`WORLD_SIZE`、`LOCAL_RANK`、`MASTER_ADDR` 等）和调度器的变量（`SLURM_*`、"
               "`OMPI_*`）由环境探测器（`src/ringtrain/parallel/environments.py`）读取；ringtrain 设置或读取的其他所有"
-              "变量都在下表中。只有一个模块读写它们：`src/ringtrain/parallel/contract.py`，其 `VARIABLES` 即此表，"
-              "`read()` 是唯一的读取者（值不对时报错并指出变量名），`to_environ()` 是唯一的写入者。"
-              "`Ring(...)` 的关键字（`timeline`、`preempt_signal`、`preempt_grace`、`stall_warning`、"
-              "`debug_collectives`）优先于对应变量。表中的说明为英文，与代码同源。\n\n"
+              "变量都在下表中。它们都在一个模块里：`src/ringtrain/parallel/contract.py`，其 `VARIABLES` 即此表。"
+              "有 `Settings` 字段的行是 launcher 交给 worker 的设置：`read()` 是唯一的读取者（值不对时报错并指出变量名"
+              "和值），`to_environ()` 是唯一的写入者，`Ring(...)` 的关键字（`timeline`、`preempt_signal`、"
+              "`preempt_grace`、`stall_warning`、`debug_collectives`）优先于对应变量。没有字段（—）的行是其他工具的"
+              "变量，ringtrain 为 worker 设置它们，或在与该工具打交道处读取它们。表中的说明为英文，与代码同源。\n\n"
               "<!-- generated from ringtrain.parallel.contract.VARIABLES: "
               "python -m ringtrain.parallel.contract zh-CN > docs/environment.zh-CN.md -->\n\n"),
 }
