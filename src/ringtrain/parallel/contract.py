@@ -302,7 +302,8 @@ VARIABLES: tuple[Variable, ...] = (
              "the user (read by ring.log's MLflow adapter)", write=None),
 )
 _BY_FIELD = {v.field: v for v in VARIABLES if v.field is not None}
-ENV = {v.field: v.name for v in VARIABLES if v.field is not None}  # a field -> its variable's name (for messages, and the writers' keys)
+# a field -> its variable's name (for messages, and the writers' keys)
+ENV = {v.field: v.name for v in VARIABLES if v.field is not None}
 
 
 @dataclass(frozen=True)
