@@ -218,3 +218,19 @@ def test_a_preemption_says_got_sigterm_once_for_the_node_not_once_per_rank(tmp_p
     assert first.stderr.count("got SIGTERM: finishing this step") == 1, outputs(first)
     assert "got SIGTERM: finishing this step, then a checkpoint and exit 75 (preempted); every rank of this node got it" \
         in first.stderr, outputs(first)
+
+
+def test_a_failing_ranks_traceback_is_printed_once(tmp_path):
+    # The rank printed its traceback as it failed, and the report printed it again ("Traceback from rank 1:").
+    script = str(write(tmp_path / "t.py", RANK_1_RAISES))
+    proc = run_ringtrain("run", "--nproc-per-node", "2", script, env=_env(), timeout=120)
+    assert proc.returncode == 1, outputs(proc)
+    assert proc.stderr.count("Traceback (most recent call last)") == 1, outputs(proc)
+    assert "Traceback from rank 1: above, in rank 1's own lines; it ended: ValueError: rank 1 fails here" \
+        in proc.stderr, outputs(proc)
+    # with rank 1's stderr in files only, the report is where it shows
+    logs = tmp_path / "logs"
+    proc = run_ringtrain("run", "--nproc-per-node", "2", "--log-dir", str(logs), "--redirects", "2", script,
+                         env=_env(), timeout=120)
+    assert proc.returncode == 1 and proc.stderr.count("Traceback (most recent call last)") == 1, outputs(proc)
+    assert "Traceback from rank 1:\n" in proc.stderr and "ValueError: rank 1 fails here" in proc.stderr, outputs(proc)

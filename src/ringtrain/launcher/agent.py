@@ -266,7 +266,8 @@ def _execute(plan: Plan) -> int:
             if silent or attempt_store is not None:
                 board = board_of(attempt_store, (plan.master_addr.strip("[]"), attempt_port))
                 exits.tell_job(board, silent)
-        print(format_child_failure(e, plan.node_rank, board if board is not None else board_of(store), stops),
+        print(format_child_failure(e, plan.node_rank, board if board is not None else board_of(store), stops,
+                                   shown=lambda local_rank: report.stderr_shown(args, local_rank)),
               file=sys.stderr, flush=True)
         if store is not None and plan.max_nodes > 1:
             exits.hold_store(board, set(e.failures))

@@ -18,7 +18,7 @@ import re
 import signal
 import socket
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..liveness import failures as _failures
 from ..liveness import procs as _procs
@@ -317,9 +317,27 @@ def _sent_signal(failure: Any, stops: Any) -> str | None:
     return None
 
 
-def format_child_failure(error: Any, node_rank: int, board: Any = None, stops: Any = None) -> str:
+def stderr_shown(args: Any, local_rank: int) -> bool:
+    """Did this node's worker ``local_rank`` write its stderr to this terminal? Not under torchrun's ``--redirects``
+    of stderr without ``--tee``, nor when ``--local-ranks-filter`` leaves it out. ``args``: torchrun's."""
+    from torch.distributed.elastic.multiprocessing import Std
+
+    def to_files(spec: Any) -> bool:
+        std = Std.from_str(str(spec)) if spec not in (None, "") else Std.NONE
+        std = std.get(local_rank, Std.NONE) if isinstance(std, dict) else std
+        return std in (Std.ERR, Std.ALL)
+
+    shown = {int(r) for r in str(getattr(args, "local_ranks_filter", "") or "").split(",") if r.strip().isdigit()}
+    if shown and local_rank not in shown:
+        return False
+    return not to_files(getattr(args, "redirects", None)) or to_files(getattr(args, "tee", None))
+
+
+def format_child_failure(error: Any, node_rank: int, board: Any = None, stops: Any = None,
+                         shown: Callable[[int], bool] | None = None) -> str:
     """The report for a ``ChildFailedError`` raised by this node's agent (``board``: the job's, when known;
-    ``stops``: exits.Stops, the signals the agent sent its workers itself)."""
+    ``stops``: exits.Stops, the signals the agent sent its workers itself; ``shown(local_rank)``: whether that
+    worker's stderr is on this terminal, where its traceback is then, printed as it failed)."""
     rank, failure, blame = first_cause(error.failures, stops)
     place = f"local rank {failure.local_rank} on node {node_rank}, host {socket.gethostname()}, pid {failure.pid}"
     where = f"{place}, {describe_exit(failure.exitcode)}"  # failures are always this node's: one agent per node
@@ -361,7 +379,14 @@ def format_child_failure(error: Any, node_rank: int, board: Any = None, stops: A
         hint = HINTS["sent"]
     else:
         lines = [f"ringtrain run: worker rank {rank} failed first ({where}); all workers on this node were stopped."]
-        if traceback:
+        if traceback and shown is not None and shown(failure.local_rank):
+            # Rank N printed it as it failed: one copy on the terminal, not the same lines again here.
+            said = [line for line in traceback.splitlines()
+                    if line[:1].strip() and not line.startswith(("HINT:", "Traceback"))]  # the exception's line
+            last = said[-1] if said else ""
+            lines += ["", f"Traceback from rank {rank}: above, in rank {rank}'s own lines; it ended: {last}"]
+            hint = HINTS["exception"]
+        elif traceback:
             lines += ["", f"Traceback from rank {rank}:", user_frames(traceback).rstrip()]
             hint = HINTS["exception"]
         elif failure.exitcode == -signal.SIGABRT:
