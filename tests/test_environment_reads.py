@@ -30,7 +30,6 @@ ALLOWED = {
     "launcher/hosts.py": "-H: the variables forwarded to ssh hosts (and the job's secret, refused on a command line)",
     "launcher/run.py": "-H: horovodrun's flags as variables for every agent, torchrun's PET_* read as flags",
     "launcher/flags.py": "torchrun's PET_* variables: the defaults of its flags, as torchrun reads them",
-    "launcher/preflight.py": "OMP_NUM_THREADS: the user's choice, left alone",
     "launcher/horovod_run.py": "horovodrun's --network-interface: GLOO/NCCL_SOCKET_IFNAME for the children",
     "launcher/env_info.py": "ringtrain env: prints the variables that matter, as they are",
     "horovod/__main__.py": "python -m ringtrain.horovod: PYTHONPATH for the alias package, before the script runs",

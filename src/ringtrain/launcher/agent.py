@@ -227,7 +227,8 @@ def _execute(plan: Plan) -> int:
     args = torchrun_args(plan, port)
     # The workers' CPU threads, when the user has not chosen: every rank on this machine shares its cores. Set
     # before torchrun's config_from_args, which would otherwise set 1 and print its four-line banner.
-    threads = preflight.threads_per_worker(plan, torchrun.determine_local_world_size(args.nproc_per_node))
+    threads = preflight.threads_per_worker(plan, torchrun.determine_local_world_size(args.nproc_per_node),
+                                           os.environ)
     if threads is not None:
         workers.enter_context(contract.exported({"OMP_NUM_THREADS": str(threads[0])}))
     if plan.verbose:

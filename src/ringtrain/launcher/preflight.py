@@ -25,8 +25,8 @@ Only the ``env_info`` functions look at the machine; tests replace them to play 
 
 from __future__ import annotations
 
-import os
 import socket
+from typing import Mapping
 
 from ..errors import RingtrainError
 from . import env_info
@@ -103,14 +103,13 @@ def oversubscription(plan: Plan) -> str | None:
     return None
 
 
-def threads_per_worker(plan: Plan, workers: int, environ=None) -> tuple[int, str] | None:
+def threads_per_worker(plan: Plan, workers: int, environ: Mapping[str, str]) -> tuple[int, str] | None:
     """(OMP_NUM_THREADS, why) for this node's ``workers`` when the variable is unset and more than one rank runs
     on this machine; else None (a lone process keeps torch's own default: every core).
 
     The ranks on this machine are this node's workers, times the nodes when the job's address is a loopback one
     (only this machine reaches it: every node is here, as with ``-H localhost:1,127.0.0.1:1`` or two terminals)."""
-    environ = os.environ if environ is None else environ
-    if "OMP_NUM_THREADS" in environ:
+    if "OMP_NUM_THREADS" in environ:  # ``environ``: the agent's, which its workers inherit
         return None
     nodes = plan.max_nodes if is_loopback(plan.master_addr) else 1
     ranks = workers * nodes
