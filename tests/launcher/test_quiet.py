@@ -226,8 +226,10 @@ def test_a_failing_ranks_traceback_is_printed_once(tmp_path):
     proc = run_ringtrain("run", "--nproc-per-node", "2", script, env=_env(), timeout=120)
     assert proc.returncode == 1, outputs(proc)
     assert proc.stderr.count("Traceback (most recent call last)") == 1, outputs(proc)
-    assert "Traceback from rank 1: above, in rank 1's own lines; it ended: ValueError: rank 1 fails here" \
-        in proc.stderr, outputs(proc)
+    report = proc.stderr[proc.stderr.index("ringtrain run: worker rank 1 failed first"):]
+    # where it ended, not the traceback again: the user's line and the exception
+    assert "Traceback from rank 1: above, in rank 1's own lines; it ended:\n  File " in report, outputs(proc)
+    assert 't.py", line 6, in <module>' in report and "ValueError: rank 1 fails here" in report, outputs(proc)
     # with rank 1's stderr in files only, the report is where it shows
     logs = tmp_path / "logs"
     proc = run_ringtrain("run", "--nproc-per-node", "2", "--log-dir", str(logs), "--redirects", "2", script,

@@ -73,6 +73,24 @@ def _traceback(failure: Any) -> str | None:
     return None
 
 
+def ending(traceback: str) -> str:
+    """Where a traceback ended: its last frame in the user's code (not ringtrain's own), and the exception with
+    its HINT."""
+    lines = user_frames(traceback).rstrip().splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the ringtrain package
+    theirs = [i for i in frames if ours not in lines[i]]
+    if not frames:
+        return "\n".join(lines[-1:])
+    start = (theirs or frames)[-1]
+    end = next((i for i in frames if i > start), None)
+    if end is None:
+        return "\n".join(lines[start:])
+    last = frames[-1]
+    exception = next((i for i in range(last + 1, len(lines)) if lines[i][:1].strip()), len(lines))
+    return "\n".join(lines[start:end] + lines[exception:])
+
+
 def user_frames(traceback: str) -> str:
     """Drop the launcher's own frames (each a `  File` line and its indented source lines)."""
     kept: list[str] = []
@@ -380,11 +398,9 @@ def format_child_failure(error: Any, node_rank: int, board: Any = None, stops: A
     else:
         lines = [f"ringtrain run: worker rank {rank} failed first ({where}); all workers on this node were stopped."]
         if traceback and shown is not None and shown(failure.local_rank):
-            # Rank N printed it as it failed: one copy on the terminal, not the same lines again here.
-            said = [line for line in traceback.splitlines()
-                    if line[:1].strip() and not line.startswith(("HINT:", "Traceback"))]  # the exception's line
-            last = said[-1] if said else ""
-            lines += ["", f"Traceback from rank {rank}: above, in rank {rank}'s own lines; it ended: {last}"]
+            # Rank N printed it as it failed: one copy on the terminal. Here only where it ended: its last frame
+            # (the user's line) and the exception, not the same lines again.
+            lines += ["", f"Traceback from rank {rank}: above, in rank {rank}'s own lines; it ended:", ending(traceback)]
             hint = HINTS["exception"]
         elif traceback:
             lines += ["", f"Traceback from rank {rank}:", user_frames(traceback).rstrip()]
