@@ -107,7 +107,9 @@ def sections() -> list[tuple[str, str, list[Entry]]]:
 
 
 def _markdown(doc: str) -> str:
-    return re.sub(r"``([^`]+?)``", r"`\1`", doc)
+    doc = re.sub(r"``([^`]+?)``", r"`\1`", doc)
+    # A docstring's line that goes on with "+ keep_last" is prose, not the bullet Markdown would make of it.
+    return re.sub(r"(?m)^\+ ", r"\\+ ", doc)
 
 
 def render() -> str:
