@@ -29,7 +29,7 @@ def strategy_of(case: dict) -> Any:
     if kind == "ddp":
         return DDP(tp=tp)
     if kind == "fsdp":
-        return FSDP(tp=tp)
+        return FSDP(tp=tp, **case.get("fsdp", {}))
     return kind
 
 
@@ -61,6 +61,11 @@ def fit(case: dict) -> dict | None:
         model = tp_jobs.Tiny()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         model, optimizer = ring.setup(model, optimizer)
+    except rt.RingtrainError as e:
+        if not case.get("refused"):
+            raise
+        ring.close()
+        return {"refused": str(e)} if ring.rank == 0 else None
     finally:
         nn.Module.compile = original
     losses = []
@@ -87,6 +92,27 @@ def fit(case: dict) -> dict | None:
     return out if ring.rank == 0 else None
 
 
+def pipeline_fit(ac: str | None, steps: int = 3) -> dict | None:
+    """_pipeline_jobs' MLP (an nn.Sequential of Linears: those are its blocks) in 2 stages, through rt.Ring."""
+    import _pipeline_jobs as pipeline_jobs
+    from ringtrain.strategies import Pipeline
+
+    ring = rt.Ring(strategy=Pipeline(stages=2, microbatches=2, schedule="gpipe"), seed=0, activation_checkpointing=ac)
+    model = pipeline_jobs.make_model()
+    optimizer = pipeline_jobs.make_optimizer(model)
+    model, optimizer = ring.setup(model, optimizer, split_at=["2"])
+    losses = []
+    for step in range(steps):
+        losses.append(float(ring.pipeline_step(*pipeline_jobs.batch(step, 8), F.cross_entropy)))
+        optimizer.step()
+        optimizer.zero_grad()
+    out = {"losses": losses, "model": ring.strategy.module_state(model),
+           "modes": [mode_of(m) for m in ring.unwrap(model).modules()]}
+    ring.close()
+    return out if ring.rank == 0 else None
+
+
 def job(fits: dict[str, dict]) -> dict | None:
-    out = {name: fit(case) for name, case in fits.items()}
+    out = {name: pipeline_fit(case["ac"]) if case.get("strategy") == "pipeline" else fit(case)
+           for name, case in fits.items()}
     return out if int(os.environ.get("RANK", "0")) == 0 else None

@@ -29,6 +29,8 @@ def two_ranks(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("ac")
     fits = {f"{layout}-{mode}": {**case, "ac": mode, "save": str(folder / f"{layout}-{mode}.pt")}
             for layout, case in LAYOUTS.items() for mode in MODES}
+    fits.update({f"pipeline-{mode}": {"strategy": "pipeline", "ac": mode} for mode in MODES})
+    fits["fsdp-offload-full"] = {**LAYOUTS["fsdp"], "fsdp": {"offload": "cpu"}, "ac": "full"}
     return launch_ranks(jobs.job, 2, args=(fits,), timeout=280)[0]
 
 
@@ -43,6 +45,23 @@ def test_checkpointing_is_bitwise_equal_to_none_on_two_ranks(two_ranks, layout, 
     got, ref = two_ranks[f"{layout}-{mode}"], two_ranks[f"{layout}-None"]
     assert got["modes"] == [mode, mode] and ref["modes"] == [None, None]
     assert len(got["losses"]) == 4 and got["losses"] == ref["losses"]
+    assert max_diff(got["model"], ref["model"]) == 0.0
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_a_pipelines_stages_are_checkpointed_bitwise_equal_to_none(two_ranks, mode):
+    got, ref = two_ranks[f"pipeline-{mode}"], two_ranks["pipeline-None"]
+    assert mode in got["modes"] and not any(ref["modes"])  # rank 0's stage: its Linears
+    assert len(got["losses"]) == 3 and got["losses"] == ref["losses"]
+    assert max_diff(got["model"], ref["model"]) == 0.0
+
+
+def test_fsdp_with_cpu_offload_and_checkpointing_equals_fsdp_alone(two_ranks):
+    """torch's CPUOffloadPolicy (shards, gradients and the optimizer step on the CPU) with full AC: on a CPU job the
+    copies are to the same memory, so this checks the offload path's arithmetic, not the transfers (the GPU test in
+    test_fsdp.py does those)."""
+    got, ref = two_ranks["fsdp-offload-full"], two_ranks["fsdp-None"]
+    assert got["modes"] == ["full", "full"] and got["losses"] == ref["losses"]
     assert max_diff(got["model"], ref["model"]) == 0.0
 
 

@@ -1,7 +1,8 @@
 """``Ring(compile=True)`` (strategies/compiling.py): the order — tensor parallelism, then activation checkpointing,
 then compile, then FSDP — checked with ``nn.Module.compile`` replaced by a recorder (no compiler runs: the fast
-suite); what compile is refused with; and, behind the ``compile`` marker (``make test-compile``: minutes of
-compiling on a small CPU), the real compiler equal to eager, in one process and under FSDP x TP on 2 Gloo ranks.
+suite); what compile is refused with (tensor-parallel blocks, a pipeline); and, behind the ``compile`` marker
+(``make test-compile``: minutes of compiling on a small CPU), the real compiler equal to eager, in one process and
+under FSDP (with full AC) on 2 Gloo ranks.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from ringtrain.strategies.compiling import BlockTransforms, Compile, apply_compi
 pytestmark = pytest.mark.timeout(300)
 
 ORDER = {
-    # dp_shard=1 x tp=2: every block cut first, then checkpointed, then compiled, then sharded
-    "fsdp_tp": {"strategy": "fsdp", "tp": 2, "batch": 8, "ac": "full", "compile": True, "record": True},
+    # every block checkpointed, then compiled, then sharded
+    "fsdp": {"strategy": "fsdp", "batch": 4, "ac": "full", "compile": True, "record": True},
+    # dp_shard=1 x tp=2: the blocks are cut first — and compile then refuses DTensor blocks
+    "fsdp_tp": {"strategy": "fsdp", "tp": 2, "batch": 8, "compile": True, "record": True, "refused": True},
+    "tp_both": {"strategy": "tp", "tp": 2, "ac": "full", "compile": True, "record": True, "refused": True},
     "ddp": {"strategy": "ddp", "batch": 4, "ac": "selective", "compile": Compile(dynamic=False), "record": True},
 }
 
@@ -32,13 +36,21 @@ def recorded() -> dict:
     return launch_ranks(jobs.job, 2, args=(ORDER,), timeout=280)[0]
 
 
-def test_fsdp_x_tp_blocks_are_cut_checkpointed_compiled_then_sharded(recorded):
-    got = recorded["fsdp_tp"]
+def test_fsdp_blocks_are_checkpointed_compiled_then_sharded(recorded):
+    got = recorded["fsdp"]
     assert [s["class"] for s in got["seen"]] == ["Block", "Block"]
-    assert all(s["tensor_parallel"] and s["checkpointing"] == "full" and not s["sharded"] for s in got["seen"])
+    assert all(s["checkpointing"] == "full" and not s["sharded"] for s in got["seen"])
     assert got["sharded_after"] == ["FSDPBlock", "FSDPBlock"]  # fully_shard came after compile
     assert got["applied"] == [("checkpointing", ["blocks.0", "blocks.1"]), ("compile", ["blocks.0", "blocks.1"])]
     assert len(got["losses"]) == 4
+
+
+@pytest.mark.parametrize("name", ["fsdp_tp", "tp_both"])
+def test_compile_of_tensor_parallel_blocks_is_refused(recorded, name):
+    """The blocks reach compile cut (TP came first) and compile refuses them: torch 2.13's compiled DTensor blocks
+    trained 7.6e-3 away from eager (with AC: failed in the backward), measured; nothing was compiled."""
+    refused = recorded[name]["refused"]
+    assert "compile=True under tensor parallelism is not supported yet" in refused and "HINT: drop compile=True" in refused
 
 
 def test_ddp_blocks_are_checkpointed_then_compiled_with_the_options_given(recorded):
@@ -109,8 +121,8 @@ def test_compiled_blocks_equal_eager_in_one_process(inductor_cache):
 
 @pytest.mark.compile
 @pytest.mark.timeout(1800)
-def test_compiled_blocks_equal_eager_under_fsdp_x_tp(inductor_cache):
-    case = {"strategy": "fsdp", "tp": 2, "batch": 8, "ac": "full"}
+def test_compiled_blocks_equal_eager_under_fsdp(inductor_cache):
+    case = {"strategy": "fsdp", "batch": 4, "ac": "full"}
     got = launch_ranks(jobs.job, 2, args=({"eager": case, "compiled": {**case, "compile": True}},), timeout=1700)[0]
     assert len(got["compiled"]["losses"]) == 4
     assert _max_diff(got["compiled"]["model"], got["eager"]["model"]) <= 1e-6
