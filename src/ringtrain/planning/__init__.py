@@ -52,7 +52,8 @@ def plan(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, *, worl
             started, cpu = time.perf_counter(), time.process_time()
             row = Row(layout.name, layout.strategy_line(), layout.world_size, layout.ac, layout.offload)
             try:
-                measured[layout] = m = tracing.trace(model, optimizer, batch, layout, dtype=dtype, loss_fn=loss_fn)
+                measured[layout] = m = tracing.trace(model, optimizer, batch, layout, dtype=dtype, loss_fn=loss_fn,
+                                                     count_flops=_flops_of(layout, chosen) == layout)
             except Exception as e:  # what the fake mode cannot trace: named on the row, raised if none traced
                 row.error = e.message if isinstance(e, RingtrainError) else f"{type(e).__name__}: {one_line(e)}"
                 errors.append(e)
@@ -80,18 +81,37 @@ def plan(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, *, worl
     return Plan([r for _, r in rows], meta)
 
 
+def _flops_of(layout: Layout, chosen: list[Layout]) -> Layout:
+    """The layout whose counted FLOPs give ``layout``'s: every data-parallel rank computes what one device does on
+    its batch, and a TP rank that over the TP degree — so the plain data-parallel layout of the same activation
+    checkpointing (FSDP's, where it is planned) is counted, and the others derived from it. (torch's counter sees
+    DTensor's ops under activation checkpointing inconsistently: counting under TP is not relied on.)"""
+    base = (Layout("fsdp", dp_shard=layout.world_size, ac=layout.ac) if layout.world_size > 1
+            else Layout("single", ac=layout.ac))
+    return base if base in chosen else layout
+
+
 def _time(rows: list[tuple[Layout, Row]], measured: dict[Layout, Measured], hardware: Device, half: bool,
           per_node: int) -> None:
-    """Each row's step time and MFU (cost.py); the fastest that fits marked."""
+    """Each row's step time and MFU (cost.py); the fastest that fits (the most samples a second) marked."""
     from dataclasses import replace
 
+    chosen = [layout for layout, _ in rows]
+
+    def flops(layout: Layout) -> int | None:
+        source = _flops_of(layout, chosen)
+        base = measured.get(source)
+        return None if base is None else base.flops if source == layout else base.flops // layout.tp
+
     for layout, row in rows:
-        if row.error:
+        own = None if row.error else flops(layout)
+        if own is None:  # not traced, or the layout its FLOPs come from was not: no time for it
             continue
-        m = measured[layout]
-        plain = measured.get(replace(layout, ac="off"), m)  # the model's FLOPs: without recomputation
-        timing = cost.step_time(layout, m.flops, plain.flops, m.traffic, hardware, half, per_node)
-        row.flops, row.step_s, row.mfu = m.flops, timing.step_s, timing.mfu
-    fitting = [r for _, r in rows if not r.error and r.fits]
+        plain = flops(replace(layout, ac="off")) or own  # the model's FLOPs: without recomputation
+        timing = cost.step_time(layout, own, plain, measured[layout].traffic, hardware, half, per_node)
+        row.flops, row.step_s, row.mfu = own, timing.step_s, timing.mfu
+    # The fastest trains the most samples a second: every layout runs the script's batch per rank and a TP group
+    # shares one, so that is the highest MFU (the model's FLOPs per rank over its step time), not the shortest step.
+    fitting = [r for _, r in rows if not r.error and r.fits and r.step_s > 0]
     if fitting:
-        min(fitting, key=lambda r: (r.step_s, r.peak)).fastest = True
+        min(fitting, key=lambda r: (-round(r.mfu, 4), r.offload, r.peak)).fastest = True

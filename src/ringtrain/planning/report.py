@@ -121,7 +121,8 @@ def table(plan: Plan) -> str:
         lines.append("  ".join(v.ljust(widths[i]) if i == 0 else v.rjust(widths[i]) for i, v in enumerate(x)))
     best = plan.fastest()
     if best is not None:
-        lines.append(f"* fastest that fits: {best.layout} ({seconds(best.step_s)} a step predicted): {best.strategy}")
+        lines.append(f"* fastest that fits (most samples a second: the highest MFU): {best.layout} "
+                     f"({seconds(best.step_s)} a step predicted): {best.strategy}")
     else:
         lines.append("no layout fits the device: HINT: a smaller batch, activation checkpointing, more ranks, "
                      "or a device with more memory.")

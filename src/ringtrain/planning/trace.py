@@ -3,10 +3,11 @@
 Nothing is allocated and no process group forms: the model is copied to the meta device (its parameters' shapes
 only), the layout is applied there — torch's ``parallelize_module`` for tensor parallelism (the TP plan of
 strategies/_tp_plan.py), ``fully_shard`` on FSDP's units (strategies/_units.py), activation checkpointing on the
-repeated blocks (strategies/checkpointing.py) — outside ``FakeTensorMode`` (inside it the mesh code fails on ``aten.nonzero``), then made fake
-(``to_empty`` under the mode) and run: forward, loss, backward, optimizer step, twice (the second step holds the
-optimizer's state through forward and backward), under torch's memory tracker (``MemTracker``; FSDP's own
-``FSDPMemTracker`` for sharded layouts), torch's ``FlopCounterMode`` and a counter of the collectives' bytes.
+repeated blocks (strategies/checkpointing.py) — outside ``FakeTensorMode`` (inside it the mesh code fails on
+``aten.nonzero``), then made fake (``to_empty`` under the mode), the optimizer's state made by a step on zero
+gradients, and one training step run (forward, loss, backward, optimizer step: the steady state, the optimizer's
+state held throughout) under torch's memory tracker (``MemTracker``; FSDP's own ``FSDPMemTracker`` for sharded
+layouts) and a counter of the collectives' bytes; then, where asked, one more under torch's ``FlopCounterMode``.
 
 DDP is traced as one device plus its gradient buckets (torch's reducer copies every gradient into buckets it
 allocates in C++ when it is built, which a fake tensor cannot run), and its all-reduce volume by formula.
@@ -267,9 +268,9 @@ def _trackers() -> dict[bool, type]:
 
 def trace(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, layout: Layout, *,
           dtype: torch.dtype | None = None, loss_fn: Callable[..., torch.Tensor] | None = None,
-          nproc_per_node: int | None = None) -> Measured:
-    """Trace two training steps of ``layout`` (on the fake world ``fake_world`` formed): the first counts the FLOPs,
-    the second the peak."""
+          count_flops: bool = True) -> Measured:
+    """Trace a training step of ``layout`` (on the fake world ``fake_world`` formed) with the optimizer's state made
+    first, under the memory tracker: its peak; and, with ``count_flops``, another under the FLOP counter."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     cut = apply_layout(to_meta(model), layout, dtype)
@@ -284,25 +285,37 @@ def trace(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, layout
         sharded = layout.data == "fsdp"
         autocast = (lambda: torch.autocast("cpu", dtype=dtype)) if dtype is not None and not sharded else (
             contextlib.nullcontext)
-        flops = _flop_counter()
-        with flops:  # the first step: its FLOPs, and the optimizer's state made (the tracked step holds it throughout)
-            _step(cut, opt, fake_batch, loss_fn, autocast)
+        _make_state(cut, opt)  # the optimizer's state, held by the traced step throughout, as from step 2 on
         tracker = _trackers()[sharded](cut, opt) if sharded else _trackers()[sharded]()
         if sharded:
             tracker.track_inputs(fake_batch)
         else:
             tracker.track_external(cut, opt, fake_batch)
         traffic = Traffic(layout.tp)
-        with tracker, traffic:  # the second step, whose peak is the steady state's
+        with tracker, traffic:
             _step(cut, opt, fake_batch, loss_fn, autocast)
+        flops = _flop_counter() if count_flops else None
+        if flops is not None:
+            with flops:  # a step of its own: under the tracker, the counter's handling of recomputation shows as memory
+                _step(cut, opt, fake_batch, loss_fn, autocast)
         peak, parts = _split(tracker.get_tracker_snapshot("peak"))
     sent = {**data_traffic(model, layout, dtype), **({"tp": traffic.bytes} if layout.tp > 1 else {})}
-    measured = Measured(peak=peak, parts=parts, flops=int(flops.get_total_flops()), traffic=sent)
+    measured = Measured(peak=peak, parts=parts, flops=int(flops.get_total_flops()) if flops is not None else 0,
+                        traffic=sent)
     if layout.data == "ddp":
         _add_ddp(measured, model, layout)
     if layout.offload:
         _offload(measured)
     return measured
+
+
+def _make_state(model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    """The optimizer's state, made by a step on zero gradients (no forward or backward needed)."""
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
 
 
 def _step(model: nn.Module, opt: torch.optim.Optimizer, batch: Any, loss_fn: Any, autocast: Any) -> None:
@@ -345,6 +358,9 @@ def _offload(measured: Measured) -> None:
     # gathered units, so only the optimizer state (wholly sharded, on the host) and the sharded gradients move.
     moved = measured.parts["optimizer"] + measured.parts["gradients"]
     measured.host = moved
+    # Each step the gradients go down and the updated parameters come back, and the CPU's optimizer step reads and
+    # writes its state: twice what moved, over the host link (cost.py: HOST_GBPS, not hidden).
+    measured.traffic["host"] = 2 * moved
     measured.parts["optimizer"] = 0
     measured.parts["gradients"] = 0
     measured.peak -= moved
