@@ -11,6 +11,7 @@ optimizer, the model's first forward hands it the batch, and it plans, prints an
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any, Callable, Iterable
 
 import torch
@@ -47,7 +48,10 @@ def plan(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, *, worl
     rows: list[Row] = []
     measured: dict[Layout, Measured] = {}
     errors: list[Exception] = []
-    with fake_world(world_size), torch.random.fork_rng():  # fake tensors draw no numbers; the state stays
+    with fake_world(world_size), torch.random.fork_rng(), warnings.catch_warnings():
+        # torch's warnings about the fake step (FSDP's view outputs, the trackers' notes) are about no real run
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", FutureWarning)
         for layout in chosen:
             started, cpu = time.perf_counter(), time.process_time()
             row = Row(layout.name, layout.strategy_line(), layout.world_size, layout.ac, layout.offload)
