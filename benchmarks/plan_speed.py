@@ -52,7 +52,8 @@ def main() -> None:
         print(f"all {len(every.rows)} layouts of {args.world} ranks: {sum(r.trace_s for r in every.rows):.1f} s wall, "
               f"{sum(r.trace_cpu_s for r in every.rows):.1f} s CPU")
         every.save(args.out)
-    print(f"total {time.perf_counter() - started:.1f} s wall, {time.process_time():.1f} s CPU (import included); peak RSS "
+    print(f"total {time.perf_counter() - started:.1f} s wall, {time.process_time():.1f} s CPU (import included); "
+          f"peak RSS "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB")
 
 

@@ -3,8 +3,9 @@
 Three tiny models — an MLP of repeated blocks, a CNN of conv + BatchNorm blocks, a transformer of 2 blocks (causal
 SDPA, 4 heads) — each trained for two steps with AdamW in a layout laid out with the calls the strategies make
 (DistributedDataParallel; fully_shard on strategies/_units.py's units; the inferred TP plan of _tp_plan/_tp_apply;
-strategies/checkpointing.py's activation checkpointing), under torch's memory tracker (``MemTracker``, ``FSDPMemTracker`` for FSDP)
-entered before the layout is built, so DDP's buckets are seen. ``job`` returns rank 0's peak per case.
+strategies/checkpointing.py's activation checkpointing), under torch's memory tracker (``MemTracker``,
+``FSDPMemTracker`` for FSDP) entered before the layout is built, so DDP's buckets are seen. ``job`` returns rank
+0's peak per case.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ LAYOUTS = {
     "fsdp+sac": Layout("fsdp", dp_shard=2, ac="selective"),
     "tp": Layout("single", tp=2),
 }
-CASES = [(m, l) for m in MODELS for l in ("ddp", "fsdp", "fsdp+ac")] + [("transformer", "fsdp+sac"), ("transformer", "tp")]
+CASES = [(m, l) for m in MODELS for l in ("ddp", "fsdp", "fsdp+ac")] + [("transformer", "fsdp+sac"),
+                                                                         ("transformer", "tp")]
 
 
 def _laid_out(model: nn.Module, layout: Layout) -> nn.Module:

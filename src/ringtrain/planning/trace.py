@@ -147,7 +147,8 @@ _SENDS = {  # op name (prefix) -> the share of the full tensor one rank sends, o
 
 class Traffic(TorchDispatchMode):
     """Bytes one rank sends in the functional collectives dispatched (DTensor's, under tensor parallelism): the full
-    tensor's size times the ring algorithm's share. FSDP's and DDP's traffic is counted by formula (``formula``)."""
+    tensor's size times the ring algorithm's share. FSDP's and DDP's traffic is counted by formula
+    (``data_traffic``)."""
 
     def __init__(self, group_size: int):
         super().__init__()
@@ -330,8 +331,8 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, batch: Any, loss_fn: Any
 
 
 def _call(model: nn.Module, batch: Any) -> Any:
-    """The model on one batch: ``model(**batch)`` for a dict, ``model(*batch[:-1])``-style for (inputs, targets)
-    is the caller's (the batch given is what the model takes): a tuple or list is unpacked, anything else passed."""
+    """The model on one batch, which is what it takes: a dict as keywords, a tuple or list as positional arguments,
+    anything else as its one argument."""
     if isinstance(batch, dict):
         return model(**batch)
     if isinstance(batch, (tuple, list)):
