@@ -45,6 +45,7 @@ REFUSALS = {
     "timeline": (["nope"], "no timeline part", 2),
     "plot": (["nope"], "'nope' has no metrics.csv", 1),
     "consolidate": (["nope", "out.pt"], "'nope' is not a folder", 2),
+    "plan": (["nope.py"], "the script 'nope.py' is not a file", 2),
 }
 MORE_REFUSALS = [
     ("consolidate", [".", "nowhere/out.pt"], "OUT.pt 'nowhere/out.pt' cannot be written", 2),
@@ -75,6 +76,14 @@ def _run_folder(tmp_path) -> Path:
     folder.mkdir()
     (folder / "metrics.csv").write_text("step,time,loss\n1,0,0.5\n2,1,0.4\n")
     return folder
+
+
+def _plan_script(tmp_path) -> Path:
+    script = tmp_path / "train.py"
+    script.write_text("import torch, ringtrain as rt\nring = rt.Ring()\nmodel = torch.nn.Linear(4, 4)\n"
+                      "model, opt = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))\n"
+                      "model(torch.randn(2, 4))\n")
+    return script
 
 
 def _timeline_parts(tmp_path) -> Path:
@@ -108,6 +117,7 @@ def _timeline_job(tmp_path) -> Path:
 # what -> (make its input, its command line, modules hidden, the extra it must name, exit code, what else it says)
 EXTRAS = {
     "ringtrain plot": (_run_folder, lambda p: ["plot", str(p)], "matplotlib", "plot", 1, None),
+    "ringtrain plan (plan.png)": (_plan_script, lambda p: ["plan", str(p)], "matplotlib", "plot", 0, "plan.json"),
     "ringtrain timeline": (_timeline_parts, lambda p: ["timeline", str(p)], "matplotlib", "plot", 0, "timeline.json"),
     "ringtrain run --timeline (its picture)": (
         _timeline_job, lambda p: ["run", "--nproc-per-node", "2", "--timeline", "tl", str(p)], "matplotlib", "plot",

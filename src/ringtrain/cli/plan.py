@@ -21,7 +21,6 @@ import time
 
 from ..errors import HintingParser, RingtrainError
 from ..parallel import contract
-from ..planning.mode import Request
 
 
 def parser() -> HintingParser:
@@ -55,6 +54,8 @@ def run(args) -> int:
                              "give positive numbers of ranks per node and of nodes.")
     if not os.path.isfile(args.script):
         raise RingtrainError(f"the script {args.script!r} is not a file", "give the path of the training script.")
+    from ..planning.mode import Request  # imports torch: after the arguments are checked (they are refused without it)
+
     folder = os.path.abspath(args.out)
     request = Request(folder, world_size=args.nproc_per_node * args.nnodes, nnodes=args.nnodes, device=args.device,
                       device_memory=args.device_memory, intra_gbps=args.intra_gbps, inter_gbps=args.inter_gbps)

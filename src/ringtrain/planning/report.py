@@ -7,7 +7,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import pyplot
+from ..errors import RingtrainError, pyplot
 from .devices import GiB
 from .trace import PARTS
 
@@ -70,12 +70,17 @@ class Plan:
         return {"schema": SCHEMA, **self.meta, "rows": [asdict(r) for r in self.rows]}
 
     def save(self, folder: str) -> list[str]:
-        """``plan.json``, ``plan.txt`` and ``plan.png`` in ``folder``; their paths."""
+        """``plan.json``, ``plan.txt`` and ``plan.png`` in ``folder`` (the picture only where matplotlib is
+        installed); their paths."""
         os.makedirs(folder, exist_ok=True)
         paths = [os.path.join(folder, n) for n in ("plan.json", "plan.txt", "plan.png")]
         _write(paths[0], json.dumps(self.to_json(), indent=2) + "\n")
         _write(paths[1], self.table() + "\n")
-        bars_png(self, paths[2])
+        try:
+            bars_png(self, paths[2])
+        except RingtrainError as e:  # no matplotlib: the plan is written without its picture, and that is said
+            print(f"ringtrain plan: {e}", flush=True)
+            return paths[:2]
         return paths
 
     def __repr__(self) -> str:
