@@ -103,8 +103,7 @@ def main() -> None:
         ring.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
-        if step % 1 == 0:
-            ring.print(f"step {step}: loss {loss.item():.3f}")
+        ring.print(f"step {step}: loss {loss.item():.3f}")
     ring.close()
 
 

@@ -30,6 +30,11 @@ def test_ladder_step_trains(tmp_path, script):
     assert accuracy >= 0.9
 
 
+def test_llama_example_trains_its_tiny_size(tmp_path):
+    out = run(tmp_path, "llama.py", "--steps", "3")  # docs/plan.md plans its --size 1b
+    assert [line.split(":")[0] for line in out.strip().splitlines()] == ["step 0", "step 1", "step 2"]
+
+
 def test_cifar_resnet_runs_on_synthetic_data(tmp_path):
     out = run(tmp_path, "cifar_resnet.py", "--steps", "2", "--width", "8", "--synthetic-size", "256",
               "--batch-size", "32", "--out", str(tmp_path / "run"))
