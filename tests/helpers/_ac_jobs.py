@@ -116,3 +116,15 @@ def job(fits: dict[str, dict]) -> dict | None:
     out = {name: pipeline_fit(case["ac"]) if case.get("strategy") == "pipeline" else fit(case)
            for name, case in fits.items()}
     return out if int(os.environ.get("RANK", "0")) == 0 else None
+
+
+_POOLS: list = []
+
+
+def leaves_a_thread_pool() -> int:
+    """A job that leaves a ThreadPoolExecutor with idle workers, as torch.compile leaves its compile pool."""
+    import concurrent.futures
+
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    _POOLS.append(pool)
+    return pool.submit(lambda: 7).result()

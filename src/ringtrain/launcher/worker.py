@@ -296,9 +296,10 @@ def finish(status: int, reason: str, error: BaseException | None) -> None:
         info = post.to_dict() if post is not None else {"time": time.time(), "cause": "own"}
         callstack = "".join(traceback.format_exception(type(error), error, _user_frames(error.__traceback__)))
         failures.write_error_file(os.environ.get("TORCHELASTIC_ERROR_FILE"), reason, callstack, info)
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    # Python's own first exit step: the threading module's exit callbacks (concurrent.futures' pools stop their
+    # workers there — torch.compile leaves one), then every non-daemon thread joined. Joining alone waited forever
+    # for an idle pool's workers: a compiled job's ranks never exited.
+    threading._shutdown()
     # The exit handlers may not wait on peers forever: past the bound, stacks are dumped and the process ends.
     faulthandler.dump_traceback_later(EXIT_BOUND_S, exit=True)
     atexit._run_exitfuncs()  # what interpreter exit would run (the stdlib's own name for it)
