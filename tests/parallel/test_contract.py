@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ringtrain.errors import RingtrainError
-from ringtrain.parallel import contract
+from ringtrain.parallel import contract, contract_page
 from ringtrain.parallel.contract import Settings
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -124,7 +124,7 @@ def test_every_ringtrain_variable_named_in_src_is_in_the_table():
 
 @pytest.mark.parametrize("language, page", [("en", "environment.md"), ("zh-CN", "environment.zh-CN.md")])
 def test_the_docs_page_is_generated_from_the_table(language, page):
-    assert (DOCS / page).read_text() == contract.environment_page(language), (
+    assert (DOCS / page).read_text() == contract_page.environment_page(language), (
         f"docs/{page} is out of date: python -m ringtrain.parallel.contract {language} > docs/{page}")
 
 
