@@ -220,9 +220,9 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
                         mp_policy=norm if name in full else inner, offload_policy=offload)
         # The model's own unit is needed again as soon as backward starts: keep it gathered (torch's default).
         fully_shard(module, mesh=mesh, reshard_after_forward=False, mp_policy=outer, offload_policy=offload)
-        if self.rank != 0:
+        if dist.is_initialized() and dist.get_rank() != 0:
             # torch warns in every process that a wrapped module returned a view (nanoGPT's logits[:, [-1], :]):
-            # the job says it once, on rank 0.
+            # the job says it once, on rank 0 (the job's: a pipeline's stage strategy is not attached to the job).
             warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         if meta:
             module.to_empty(device="cpu" if self.offload == "cpu" else device)
