@@ -212,3 +212,13 @@ def test_the_horovod_alias_imports_ringtrain_absolutely():
         tree = ast.parse(path.read_text())
         relative = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level]
         assert not relative, f"{path.relative_to(SRC)} has relative imports at lines {relative}"
+
+
+def test_test_files_have_unique_names():
+    """tests/ has no __init__.py, so pytest imports each test file by its name alone: two folders' test_x.py stop
+    the whole suite at collection ("import file mismatch") — a folder's own run does not show it."""
+    seen: dict[str, list[str]] = {}
+    for path in (SRC.parents[1] / "tests").rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(str(path.parent.name))
+    twice = {name: folders for name, folders in seen.items() if len(folders) > 1}
+    assert not twice, f"rename one of each (tests/<folder>/<name>): {twice}"
