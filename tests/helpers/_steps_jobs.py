@@ -11,7 +11,8 @@ come out identical after a restart. ``save_every=5``. ``--kill-at N``: rank 1 SI
 ``ring.backward`` of a first run (no checkpoint yet), rank 1 sends ``--preempt-signal`` (SIGTERM) to its
 launcher (which passes it to every worker), to itself only (the ranks agree), or a one-process run to itself,
 and writes the time to OUT/signalled. ``--save-every``: 5 by default. Writes OUT/params.pt (rank 0) and
-OUT/evals.rank{r}.json.
+OUT/evals.rank{r}.json. ``--strategy fsdp-tp2``: FSDP(tp=2), for 4 ranks (tp2 x dp2: rank r reads the data of its
+data-parallel rank r // 2).
 """
 
 from __future__ import annotations
@@ -69,8 +70,10 @@ def main() -> None:
     parser.add_argument("--preempt-how", choices=["launcher", "rank1", "self"], default="launcher")
     parser.add_argument("--preempt-signal", default="SIGTERM")
     args = parser.parse_args()
-    ring = rt.Ring(args.strategy, seed=0, checkpoint_dir=os.path.join(args.out, "ckpt"), save_every=args.save_every)
-    ring.accumulate = K * (2 // ring.world_size)  # one process takes both ranks' micro-batches
+    strategy = rt.strategies.FSDP(tp=2) if args.strategy == "fsdp-tp2" else args.strategy
+    ring = rt.Ring(strategy, seed=0, checkpoint_dir=os.path.join(args.out, "ckpt"), save_every=args.save_every)
+    data_rank, data_ranks = ring.strategy.data_parallel_rank, ring.strategy.data_parallel_size
+    ring.accumulate = K * (2 // data_ranks)  # one process takes both data ranks' micro-batches
     torch.manual_seed(0)
     model = TinyLM()
     model, optimizer = ring.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
@@ -95,7 +98,7 @@ def main() -> None:
                 waited = time.monotonic()  # until the launcher's forward reaches this rank (a few steps' time)
                 while ring._held.preemption.requested is None and time.monotonic() - waited < 30:
                     time.sleep(0.01)
-            x, y = get_batch(step, ring.rank * ring.accumulate + i)
+            x, y = get_batch(step, data_rank * ring.accumulate + i)  # one TP group: one batch
             ring.backward(F.cross_entropy(model(x), y))
         optimizer.step()
         optimizer.zero_grad()

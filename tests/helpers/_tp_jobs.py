@@ -9,6 +9,7 @@ token prediction; ``fit`` returns the whole model (``module_state``), the losses
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
@@ -170,6 +171,58 @@ def load_into(path: str, case: dict) -> dict | None:
            "extra": extra}
     ring.close()
     return out if ring.rank == 0 else None
+
+
+def sequential(layers: int = 4) -> nn.Sequential:
+    """Tiny (seed 0) with ``layers`` blocks as a pipeline cuts it: embed, blocks (a Sequential), norm, head."""
+    torch.manual_seed(0)
+    tiny = Tiny(layers=layers)
+    return nn.Sequential(OrderedDict(embed=tiny.embed, blocks=nn.Sequential(*tiny.blocks), norm=tiny.norm,
+                                     head=tiny.head))
+
+
+def _next_token_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+
+def pipeline_fit(case: dict) -> dict | None:
+    """``sequential()`` trained ``case["steps"]`` SGD steps on batches of ``case["batch"]`` (step i: rows i*b ..,
+    cut among the replicas),
+    in one process (no "data"), or as ``Pipeline(2, microbatches=2, data=strategy_of(case["data"]))`` cut before
+    blocks.2; rank 0 gets {"losses", "model", "mesh", "local_numel"}."""
+    from ringtrain.strategies import Pipeline
+
+    data_strategy = case.get("data")
+    strategy = "single" if data_strategy is None else Pipeline(stages=2, microbatches=2, split_at=["blocks.2"],
+                                                               data=strategy_of(data_strategy))
+    ring = rt.Ring(strategy=strategy, seed=0)
+    model = sequential()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, optimizer = ring.setup(model, optimizer)
+    x, y = data().tensors
+    losses = []
+    per = case["batch"] // ring.strategy.data_parallel_size  # each replica its share of the step's rows
+    for step in range(case["steps"]):
+        start = step * case["batch"] + ring.strategy.data_parallel_rank * per
+        rows = slice(start, start + per)
+        if data_strategy is None:
+            loss = _next_token_loss(model(x[rows]), y[rows])
+            ring.backward(loss)
+        else:
+            loss = ring.pipeline_step(x[rows], y[rows], _next_token_loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(ring.all_reduce(loss.detach(), "mean")))  # the replicas' mean: the whole batch's
+    out = {"losses": losses, "model": ring.strategy.module_state(model),
+           "mesh": ring.mesh.mesh_dim_names if ring.mesh is not None else None,
+           "local_numel": sum(_local(p).numel() for p in ring.strategy.named_parameters(model).values())}
+    ring.close()
+    return out if ring.rank == 0 else None
+
+
+def pipeline_job(cases: dict[str, dict]) -> dict | None:
+    out = {name: pipeline_fit(case) for name, case in cases.items()}
+    return out if int(os.environ.get("RANK", "0")) == 0 else None
 
 
 def job(fits: dict[str, dict], loads: list[tuple[str, dict]] = ()) -> dict | None:

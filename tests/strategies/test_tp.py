@@ -144,6 +144,39 @@ def test_clipping_uses_the_whole_gradients_norm(two_ranks):
     assert max_diff(got["model"], ref["model"]) <= TOL
 
 
+# --- pp2 x tp2: a pipeline outermost, each stage cut over tp and data-parallel on the rest ---------------------
+
+PIPELINE = {data: {"steps": 4, "batch": 8, "data": {"strategy": data, "tp": 2}} for data in ("fsdp", "ddp")}
+
+
+@pytest.fixture(scope="module")
+def pipeline_tp() -> dict:
+    return launch_ranks(jobs.pipeline_job, 4, args=(PIPELINE,), timeout=280)[0]
+
+
+@pytest.mark.parametrize("data", list(PIPELINE))
+def test_pp2_x_tp2_on_four_ranks_equals_one_process(pipeline_tp, data):
+    """Pipeline(2, data=FSDP(tp=2) | DDP(tp=2)) on 4 ranks: the mesh (pp, dp, tp) with dp=1, each rank a quarter
+    of the model; torchtitan's order (pipeline cut, then each stage's TP, then its data parallelism)."""
+    got, ref = pipeline_tp[data], jobs.pipeline_fit({"steps": 4, "batch": 8})
+    assert got["mesh"] == ("pp", "dp_shard" if data == "fsdp" else "dp_replicate", "tp")
+    assert loss_diff(got["losses"], ref["losses"]) <= TOL
+    assert max_diff(got["model"], ref["model"]) <= TOL
+    assert got["local_numel"] < 0.3 * sum(v.numel() for v in ref["model"].values())
+
+
+@pytest.mark.stress
+@pytest.mark.timeout(900)
+def test_pp2_x_dp2_x_tp2_on_eight_ranks_equals_one_process():
+    """Every dimension above one: each stage's replicas reduce their TP-cut gradients over dp."""
+    got = launch_ranks(jobs.pipeline_job, 8, args=(PIPELINE,), timeout=800)[0]
+    ref = jobs.pipeline_fit({"steps": 4, "batch": 8})
+    for data in PIPELINE:
+        assert got[data]["mesh"] == ("pp", "dp_shard" if data == "fsdp" else "dp_replicate", "tp")
+        assert loss_diff(got[data]["losses"], ref["losses"]) <= TOL, data
+        assert max_diff(got[data]["model"], ref["model"]) <= TOL, data
+
+
 # --- the drift guard ----------------------------------------------------------------------------
 
 def test_a_partial_plan_raises_at_the_first_step_naming_the_parameter(two_ranks):
@@ -298,6 +331,10 @@ def _env(world: int, rank: int = 0) -> Environment:
     (lambda: TP(2), 4, r"TP\(2\) alone runs on 2 processes, and 4 were started.*HINT:.*rt\.strategies\.DDP\(tp=2\)"),
     (lambda: FSDP(tp=TP(4, sequence_parallel=True)), 6, r"needs the 6 processes started to form tensor-parallel "
                                                         r"groups of 4"),
+    (lambda: rt.strategies.Pipeline(2, 2, data=FSDP(tp=2)), 2, r"Pipeline\(data=FSDP\(tp=2\)\) on the 1 ranks of "
+                                                              r"each stage needs .* groups of 2.*HINT"),
+    (lambda: rt.strategies.Pipeline(2, 2, data=DDP(tp=TP(2, sequence_parallel=True))), 8,
+     r"sequence parallelism inside a pipeline stage is not supported yet.*HINT: drop sequence_parallel"),
 ])
 def test_a_world_size_the_mesh_cannot_divide_is_refused(make, world, match):
     with pytest.raises(rt.RingtrainError, match=f"(?s){match}"):
@@ -330,6 +367,11 @@ def test_the_mesh_has_a_tp_dimension_innermost_and_the_data_counts_only_dp():
         assert {s.data_parallel_size for s in ranks} == {groups}
         assert [s.seed_rank for s in ranks] == [s.data_parallel_rank for s in ranks]  # a TP group draws together
     assert [DDP().attach(_env(4, r), device="cpu").seed_rank for r in range(4)] == [0, 1, 2, 3]
+    staged = [rt.strategies.Pipeline(2, 2, data=FSDP(tp=2)).attach(_env(8, r), device="cpu") for r in range(8)]
+    assert staged[0].layout().dims == (("pp", 2), ("dp_shard", 2), ("tp", 2))  # pp outermost, tp innermost
+    assert [s.stage_index for s in staged] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [s.data_parallel_rank for s in staged] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert [s.seed_rank for s in staged] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert repr(FSDP(tp=2)) == "FSDP(tp=2)" and repr(DDP(tp=TP(2, sequence_parallel=True))) == \
         "DDP(tp=TP(2, sequence_parallel=True))"
     assert type(rt.strategies.resolve("tp", Environment(name="single"))) is TP

@@ -157,7 +157,9 @@ def infer(model: nn.Module, tp: int, sequence_parallel: bool) -> Plan:
             claimed.append(name)
     plan.attention = list(attention)
     holders = [n for n in modules if any(inside(a, n) for a in attention)]
-    trunk = next((n for n in holders if isinstance(modules[n], _CONTAINERS)), None)
+    # the innermost container of every attention: a Sequential model's (a pipeline stage's) blocks, not itself
+    trunk = next((n for n in reversed(holders) if isinstance(modules[n], _CONTAINERS)
+                  and all(inside(a, n) for a in attention)), None)
     plan.trunk = trunk
     blocks = [f"{trunk}.{c}" if trunk else c for c, _ in modules[trunk].named_children()] if trunk is not None else []
     plan.blocks = blocks

@@ -124,18 +124,33 @@ class DDP(Distributed, BackwardSyncControl, StageData):
 
     # --- in a pipeline (StageData): each stage replicated over its sub-mesh of D ranks ------------
     def dims_over(self, replicas: int) -> tuple[tuple[str, int], ...]:
-        if self.tp is not None:
-            raise RingtrainError("Pipeline(data=DDP(tp=...)): tensor parallelism inside a pipeline stage is not "
-                                 "supported yet", "use Pipeline(data=DDP()), or DDP(tp=...) without a pipeline.")
-        return data_layout(replicas)
+        """Over the ``replicas`` ranks of each stage: ``("dp_replicate", D)``, then ``("tp", N)`` under tp=N."""
+        if self.tp is None:
+            return data_layout(replicas)
+        if self.tp.sequence_parallel:
+            raise RingtrainError(f"Pipeline(data={self!r}): sequence parallelism inside a pipeline stage is not "
+                                 "supported yet (a stage would send its sequence shard to the next)",
+                                 "drop sequence_parallel=True under a pipeline (tp=N alone works).")
+        data = data_ranks(replicas, self.tp.size, f"Pipeline(data={self!r}) on the {replicas} ranks of each stage")
+        return with_tp(data_layout(data), self.tp.size)
 
     def place_stage(self, stage: nn.Module, *, mesh: Any, device: Any, precision: Any, meta: bool,
                     broadcast: Any) -> None:
+        if self.tp is not None:  # TP on the stage's tp sub-mesh, then FSDP2's replicate on dp_replicate
+            from torch.distributed._composable.replicate_with_fsdp import replicate
+
+            tensor_parallel.refuse_precision(precision, f"Pipeline(data={self!r})")
+            self.tp.cut(stage, mesh[TP], device, broadcast=broadcast)
+            replicate(stage, mesh=mesh[DP_REPLICATE])
+            self.tp.watch(stage, mesh[TP])
+            return
         stage.to_empty(device=device) if meta else stage.to(device)
         if precision is not None:
             precision.wrap_forward(stage)  # autocast around each stage forward, float32 out
 
     def run_stage(self, stage: nn.Module, *, mesh: Any, device: Any) -> nn.Module:
+        if self.tp is not None:
+            return stage  # replicated in place_stage
         # DDP starts the replicas from the first one's weights and averages their gradients.
         return self.apply(stage, mesh.get_group(), device) if mesh.size() > 1 else stage
 

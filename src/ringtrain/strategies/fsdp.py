@@ -117,17 +117,33 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
 
     # --- in a pipeline (StageData): each stage sharded over its sub-mesh of D ranks ---------------
     def dims_over(self, replicas: int) -> tuple[tuple[str, int], ...]:
-        if self.tp is not None:
-            raise RingtrainError("Pipeline(data=FSDP(tp=...)): tensor parallelism inside a pipeline stage is not "
-                                 "supported yet", "use Pipeline(data=FSDP()), or FSDP(tp=...) without a pipeline.")
-        if replicas % self.replicate:
-            raise RingtrainError(f"Pipeline(data=FSDP(replicate={self.replicate})) does not divide the {replicas} "
-                                 "replicas of each stage", f"choose replicate among the divisors of {replicas}.")
-        return data_layout(replicas, self.replicate, shard=True)
+        """Over the ``replicas`` ranks of each stage: the data dimensions, then ``("tp", N)`` innermost under tp=N
+        (torchtitan's pp x dp x tp mesh: a stage's TP group is neighbouring ranks)."""
+        tp = self.tp.size if self.tp is not None else 1
+        if tp > 1 and self.tp.sequence_parallel:
+            raise RingtrainError(f"Pipeline(data={self!r}): sequence parallelism inside a pipeline stage is not "
+                                 "supported yet (a stage would send its sequence shard to the next)",
+                                 "drop sequence_parallel=True under a pipeline (tp=N alone works).")
+        data = data_ranks(replicas, tp, f"Pipeline(data={self!r}) on the {replicas} ranks of each stage") \
+            if tp > 1 else replicas
+        if data % self.replicate:
+            raise RingtrainError(f"Pipeline(data=FSDP(replicate={self.replicate})) does not divide the {data} "
+                                 "data-parallel replicas of each stage",
+                                 f"choose replicate among the divisors of {data}.")
+        return with_tp(data_layout(data, self.replicate, shard=True), tp)
 
     def place_stage(self, stage: nn.Module, *, mesh: Any, device: torch.device, precision: Any, meta: bool,
                     broadcast: Any) -> None:
-        self.shard(stage, precision, mesh, device, broadcast=broadcast, init=False)
+        if self.tp is None:
+            self.shard(stage, precision, mesh, device, broadcast=broadcast, init=False)
+            return
+        # torchtitan's order within a stage: TP on the stage's tp sub-mesh, then FSDP2 on its data sub-mesh.
+        tensor_parallel.refuse_precision(precision, f"Pipeline(data={self!r})")
+        self.tp.cut(stage, mesh[TP], device, broadcast=broadcast)  # the stage's first rank's weights, cut
+        names = tuple(n for n in mesh.mesh_dim_names if n != TP)
+        self.shard(stage, precision, mesh[names if len(names) > 1 else names[0]], device,
+                   broadcast=lambda _tensor: None, init=False)
+        self.tp.watch(stage, mesh[TP])  # the drift guard over the stage's TP group (the pipeline's step_context)
 
     def run_stage(self, stage: nn.Module, *, mesh: Any, device: torch.device) -> nn.Module:
         return stage  # the shards are the stage

@@ -32,6 +32,7 @@ a larger batch, since it also shrinks the bubble).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -154,7 +155,8 @@ class Pipeline(StageCheckpoints, Distributed, PipelineSchedule):
 
     @property
     def data_mesh(self) -> Any:
-        """The sub-mesh of this stage's replicas (1-D, or 2-D for FSDP(replicate=k))."""
+        """The sub-mesh of this stage's replicas (1-D, or 2-D for FSDP(replicate=k)), with its ``tp`` dimension
+        innermost under data=FSDP(tp=N) (the stage is cut over ``mesh["tp"]``, sharded over the rest)."""
         names = tuple(n for n in self.layout().names if n != PP)
         return self.mesh[names if len(names) > 1 else names[0]]
 
@@ -164,6 +166,11 @@ class Pipeline(StageCheckpoints, Distributed, PipelineSchedule):
         transforms.refuse_compile("a pipeline", "drop compile=True under rt.strategies.Pipeline (activation "
                                   "checkpointing works: each stage's blocks are checkpointed).")
         super().transform_blocks(transforms)
+
+    def step_context(self, optimizer: torch.optim.Optimizer) -> Any:
+        """data=FSDP(tp=N): the TP drift guard checks the stage's replicated parameters after the first step."""
+        tp = getattr(self.data, "tp", None)
+        return tp.guards.after_step(optimizer) if tp is not None else contextlib.nullcontext()
 
     def configure(self, *, accumulate: int = 1, nonfinite: str = "raise", sync_batchnorm: bool = False) -> None:
         if sync_batchnorm:

@@ -121,9 +121,10 @@ class TP(Distributed):
         return clip_grad_norm_(module, max_norm, norm_type)
 
     # --- as one dimension of the mesh (DDP(tp=N), FSDP(tp=N) call these) ----------------------
-    def cut(self, module: nn.Module, mesh: Any, device: torch.device) -> None:
+    def cut(self, module: nn.Module, mesh: Any, device: torch.device, broadcast: Any = None) -> None:
         """``module`` on ``device`` with rank 0's weights, cut in place by the plan over ``mesh`` (the ``tp``
-        sub-mesh); the plan's table printed by the main process."""
+        sub-mesh); the plan's table printed by the main process. ``broadcast(tensor)``: gives a tensor the values
+        the shards come from (a pipeline's: its stage's first rank's); rank 0's by default."""
         if materialize.on_meta(module):
             raise RingtrainError(
                 "tensor parallelism got a model built on the meta device",
@@ -131,7 +132,8 @@ class TP(Distributed):
                 "a model too large for that needs FSDP without tp= for now.")
         module.to(device)
         for t in (*module.parameters(), *module.buffers()):
-            dist.broadcast(t.data, src=0)  # every rank cuts the same weights (a replicated module keeps them)
+            # every rank cuts the same weights (a replicated module keeps them)
+            dist.broadcast(t.data, src=0) if broadcast is None else broadcast(t.data)
         degree = mesh.size()
         plan = (_tp_plan.given(module, self.plan) if self.plan is not None
                 else _tp_plan.infer(module, degree, self.sequence_parallel))
