@@ -195,7 +195,7 @@ def pipeline_fit(case: dict) -> dict | None:
     data_strategy = case.get("data")
     strategy = "single" if data_strategy is None else Pipeline(stages=2, microbatches=2, split_at=["blocks.2"],
                                                                data=strategy_of(data_strategy))
-    ring = rt.Ring(strategy=strategy, seed=0)
+    ring = rt.Ring(strategy=strategy, seed=0, activation_checkpointing=case.get("ac"))
     model = sequential()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model, optimizer = ring.setup(model, optimizer)

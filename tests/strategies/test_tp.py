@@ -151,7 +151,14 @@ PIPELINE = {data: {"steps": 4, "batch": 8, "data": {"strategy": data, "tp": 2}} 
 
 @pytest.fixture(scope="module")
 def pipeline_tp() -> dict:
-    return launch_ranks(jobs.pipeline_job, 4, args=(PIPELINE,), timeout=280)[0]
+    cases = {**PIPELINE, "fsdp_full_ac": {**PIPELINE["fsdp"], "ac": "full"}}
+    return launch_ranks(jobs.pipeline_job, 4, args=(cases,), timeout=280)[0]
+
+
+def test_pp2_x_tp2_with_activation_checkpointing_is_bitwise_equal(pipeline_tp):
+    plain, checkpointed = pipeline_tp["fsdp"], pipeline_tp["fsdp_full_ac"]
+    assert checkpointed["losses"] == plain["losses"]
+    assert all(torch.equal(checkpointed["model"][k], v) for k, v in plain["model"].items())
 
 
 @pytest.mark.parametrize("data", list(PIPELINE))
