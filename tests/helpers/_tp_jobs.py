@@ -187,9 +187,10 @@ def _next_token_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def pipeline_fit(case: dict) -> dict | None:
     """``sequential()`` trained ``case["steps"]`` SGD steps on batches of ``case["batch"]`` (step i: rows i*b ..,
-    cut among the replicas),
-    in one process (no "data"), or as ``Pipeline(2, microbatches=2, data=strategy_of(case["data"]))`` cut before
-    blocks.2; rank 0 gets {"losses", "model", "mesh", "local_numel"}."""
+    cut among the replicas), in one process (no "data"), or as ``Pipeline(2, microbatches=2,
+    data=strategy_of(case["data"]))`` cut before blocks.2; rank 0 gets {"losses", "model", "mesh", "local_numel",
+    "error"}. ``case["drift"]``: the odd ranks' first norm gradient is nudged before the first step (what a plan
+    that misses a module does), for the drift guard to name."""
     from ringtrain.strategies import Pipeline
 
     data_strategy = case.get("data")
@@ -210,10 +211,16 @@ def pipeline_fit(case: dict) -> dict | None:
             ring.backward(loss)
         else:
             loss = ring.pipeline_step(x[rows], y[rows], _next_token_loss)
-        optimizer.step()
+        if case.get("drift") and ring.rank % 2:
+            next(p for n, p in ring.strategy.named_parameters(model).items() if ".ln1." in n).grad.add_(1.0)
+        try:
+            optimizer.step()
+        except rt.RingtrainError as e:
+            ring.close()
+            return {"error": str(e)} if ring.rank == 0 else None
         optimizer.zero_grad()
         losses.append(float(ring.all_reduce(loss.detach(), "mean")))  # the replicas' mean: the whole batch's
-    out = {"losses": losses, "model": ring.strategy.module_state(model),
+    out = {"error": None, "losses": losses, "model": ring.strategy.module_state(model),
            "mesh": ring.mesh.mesh_dim_names if ring.mesh is not None else None,
            "local_numel": sum(_local(p).numel() for p in ring.strategy.named_parameters(model).values())}
     ring.close()

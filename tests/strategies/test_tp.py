@@ -10,6 +10,7 @@ Jobs are in _tp_jobs.py; each launch runs several cases in one job.
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 import torch
@@ -151,8 +152,14 @@ PIPELINE = {data: {"steps": 4, "batch": 8, "data": {"strategy": data, "tp": 2}} 
 
 @pytest.fixture(scope="module")
 def pipeline_tp() -> dict:
-    cases = {**PIPELINE, "fsdp_full_ac": {**PIPELINE["fsdp"], "ac": "full"}}
+    cases = {**PIPELINE, "fsdp_full_ac": {**PIPELINE["fsdp"], "ac": "full"},
+             "drift": {**PIPELINE["ddp"], "steps": 1, "drift": True}}
     return launch_ranks(jobs.pipeline_job, 4, args=(cases,), timeout=280)[0]
+
+
+def test_the_drift_guard_watches_each_stages_tp_group(pipeline_tp):
+    assert re.search(r"(?s)the parameter 'blocks\.0\.ln1\.weight' differs across its tensor-parallel group "
+                     r"\(global ranks \[0, 1\]\).*HINT", pipeline_tp["drift"]["error"])
 
 
 def test_pp2_x_tp2_with_activation_checkpointing_is_bitwise_equal(pipeline_tp):
