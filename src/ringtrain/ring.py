@@ -33,7 +33,7 @@ from .loop.step import Step
 from .parallel import contract, environments
 from .parallel.group import DEFAULT_TIMEOUT, GroupOptions
 from .parallel.syncbn import convert_sync_batchnorm
-from .planning import mode as planning_mode
+from .planning import check as plan_checks, mode as planning_mode
 from .strategies import BackwardSyncControl, PipelineSchedule, Strategy
 from .strategies.compiling import BlockTransforms
 from .tracking import timeline as timelines
@@ -59,7 +59,8 @@ class Ring:
     ``RINGTRAIN_STALL_WARNING``; None: never); ``timeline`` (a folder, or ``RINGTRAIN_TIMELINE``: one Chrome trace of
     every rank and a picture). A rank that fails, or finishes while others wait for it, ends the job in seconds, named
     on every rank (liveness/membership.py). Log: ``log_dir`` (``ring.log``'s run folder) and ``log_with`` (``"wandb"``,
-    ``"mlflow"``; TensorBoard whenever installed). docs/observing.md has the details.
+    ``"mlflow"``; TensorBoard whenever installed); ``plan`` (or a plan.json in ``log_dir``): step 1's peak memory is
+    checked against it (docs/plan.md). docs/observing.md has the details.
     """
 
     @strategies.refusing_moved_keywords  # Ring(stages=...) of ringtrain 0.1: an error with the new spelling
@@ -96,6 +97,7 @@ class Ring:
         requeue: bool = False,
         activation_checkpointing: Any = None,
         compile: Any = False,
+        plan: Any = None,
     ):
         self._plan = planning_mode.request()  # `ringtrain plan` runs this script: setup plans, and the script exits
         if self._plan is not None:  # no group forms, no device is claimed, no folder is written
@@ -113,6 +115,7 @@ class Ring:
         # Everything the arguments can get wrong is checked before joining the group.
         checkpoints = Resumer.checkpoint_dir(checkpoint_dir, save_every, keep_last, resume)
         self._step = Step(accumulate, Resumer.save_every_of(save_every))
+        self._memory_check = plan_checks.of(plan, log_dir, self._step, self.strategy, precisions.canonical(precision))
         self._global_batch = Held.check_global_batch(global_batch)
         if global_batch is not None and accumulate != 1:
             raise RingtrainError(f"Ring got both accumulate={accumulate} and global_batch={global_batch}",
@@ -196,8 +199,8 @@ class Ring:
         if self._plan is not None:  # planning mode (planning/mode.py): the model's first call is planned
             return self._plan.setup(model, optimizer, scheduler, self._precision)
         strategies.check_setup(self.strategy, model, optimizer, scheduler, options)
-        if self._sync_batchnorm:
-            model = convert_sync_batchnorm(model)
+        model = convert_sync_batchnorm(model) if self._sync_batchnorm else model
+        self._memory_check.before(model)  # step 1's peak against the plan (planning/check.py)
         self.strategy.check_same_model(model)
         mine = {k: v for k, v in options.items() if k in self.strategy.MODULE_OPTIONS}
         originals = dict(model.named_parameters())
@@ -221,6 +224,7 @@ class Ring:
                                        self._activity)
             self._held.add_optimizer(optimizer, wrapped)
             targets[f"optimizer{suffix}"] = optimizer
+        self._memory_check.watch(wrapped, optimizer)
         if scheduler is not None:
             scheduler = RingScheduler(scheduler, self._step)
             targets[f"scheduler{suffix}"] = scheduler
@@ -238,9 +242,7 @@ class Ring:
             exact=exact, rank=self.strategy.data_parallel_rank, world_size=self.strategy.data_parallel_size,
             seed=self._seed or 0, device=self.device, activity=self._activity, **dataloader_kwargs,
         )
-        made.per_device_batch = batch_size
-        if not exact:
-            made.listener = self._note_loader
+        made.per_device_batch, made.listener = batch_size, None if exact else self._note_loader
         first_training = not exact and self.global_batch_size is None
         if first_training and self._global_batch is not None:
             self.accumulate = self._held.accumulate_for(self._global_batch, batch_size)
@@ -440,6 +442,7 @@ class Ring:
             raise
         finally:
             self._replaced.close()
+            self._memory_check.close()
             preempts.stop(self._held, settle=failure is None)
             self._log.close()
             timelines.close(self._timeline)

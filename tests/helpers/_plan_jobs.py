@@ -165,3 +165,38 @@ def job(cases: list[tuple[str, str]]) -> dict[str, int]:
         return {f"{m}/{l}": measure(m, l) for m, l in cases}
     finally:
         dist.destroy_process_group()
+
+
+def ring_runs(runs: list[tuple[str, dict]], steps: int = 3) -> list[tuple[str, dict[str, torch.Tensor], bool]]:
+    """Each ``(strategy, keywords)``: the MLP trained ``steps`` steps by a Ring (AdamW, the planned batch on every
+    rank) with those keywords (``plan=``, ``log_dir=``); what this rank printed, and its weights (this rank's shards
+    under FSDP) after, and whether the plan's check had left no tracker or hook after step 1."""
+    import contextlib
+    import tempfile
+
+    from torch.optim import optimizer as optimizers
+
+    import ringtrain as rt
+
+    out = []
+    for strategy, keywords in runs:
+        torch.manual_seed(0)
+        with tempfile.TemporaryFile("w+") as said, contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            ring = rt.Ring(strategy=strategy, seed=0, device="cpu", **keywords)
+            model = MLP()
+            model, opt = ring.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+            batch = batch_of("mlp")
+            for step in range(steps):
+                ring.backward(tracing.default_loss(model(batch)))
+                opt.step()
+                opt.zero_grad()
+                if step == 0:  # the check is over: no tracker, no hook of its is left to slow the steps after
+                    detached = (torch._C._len_torch_dispatch_stack() == 0 and not ring._step.stepped_hooks
+                                and not optimizers._global_optimizer_post_hooks
+                                and not opt._optimizer_step_pre_hooks)
+            weights = {n: (p.to_local() if hasattr(p, "to_local") else p).detach().clone()
+                       for n, p in ring.unwrap(model).named_parameters()}
+            ring.close()
+            said.seek(0)  # a file, not a StringIO: faulthandler (the ring's bounded exit) needs stderr's fileno
+            out.append((said.read(), weights, detached))
+    return out

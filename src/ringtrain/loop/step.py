@@ -59,6 +59,7 @@ class Step:
         self._drop_window = False
         self._lrs: list[float] | None = None
         self._new_window_hooks: list[Any] = []
+        self.stepped_hooks: list[Any] = []  # called after each real optimizer step (the plan's check of step 1)
 
     def set_k(self, k: int, what: str = "accumulate") -> None:
         """A new window size, before this process's first backward (a script derives it from the world size). A
@@ -86,6 +87,10 @@ class Step:
     def on_new_window(self, hook: Any) -> None:
         """Call ``hook()`` when a window's first backward begins (the fp16 scaler's deferred update)."""
         self._new_window_hooks.append(hook)
+
+    def on_stepped(self, hook: Any) -> None:
+        """Call ``hook()`` after each real optimizer step, until it is taken out of ``stepped_hooks``."""
+        self.stepped_hooks.append(hook)
 
     def next_backward(self, remaining: int | None) -> tuple[int, bool]:
         """Advance one micro-step; return (loss divisor, is this the boundary)."""
@@ -170,6 +175,8 @@ class Step:
         self.trained = True
         if self.save_every and self.optimizer_steps % self.save_every == 0:
             self.save_due = True
+        for hook in tuple(self.stepped_hooks):  # a hook may take itself out
+            hook()
 
     def saved(self) -> None:
         self.save_due = False
