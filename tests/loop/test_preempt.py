@@ -114,7 +114,8 @@ def test_stacks_move_to_usr2_where_usr1_preempts(monkeypatch, tmp_path):
     assert dump.stack_signal("USR1") == dump.stack_signal("SIGUSR1") == signal.SIGUSR2
     assert dump.stack_signal("SIGTERM") == signal.SIGUSR1
     assert dump.stack_signal(contract.read({"RINGTRAIN_PREEMPT_SIGNAL": "usr1"}).preempt_signal) == signal.SIGUSR2
-    assert stacks.StackRequests(("127.0.0.1", 1), preempt_signal="SIGUSR1").signum == signal.SIGUSR2
+    assert stacks.StackRequests(("127.0.0.1", 1),
+                                settings=contract.read({"RINGTRAIN_PREEMPT_SIGNAL": "SIGUSR1"})).signum == signal.SIGUSR2
     assert stacks.StackRequests(("127.0.0.1", 1)).signum == signal.SIGUSR1
     # ringtrain stacks PID reads the launcher's command line
     launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--preempt-signal", "USR1"])
