@@ -275,7 +275,16 @@ def test_ctrl_c_while_ringtrain_run_starts_shows_no_traceback(tmp_path):
     proc = subprocess.Popen(ringtrain_cmd("run", "--nproc-per-node", "2", str(script)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=child_env(),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(0.3)  # torch is still importing here (1-3 s on 2 cores); later, the job's own Ctrl-C handling
+    # Ctrl-C while torch is importing (1-3 s on 2 cores): from the moment its library is mapped, inside the command
+    # (a fixed sleep landed before Python had started the command at all on a loaded machine, or after).
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if "libtorch" in open(f"/proc/{proc.pid}/maps").read():
+                break
+        except OSError:
+            pass
+        time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=90)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, f"--- exit {proc.returncode}\n{out}\n{err}"
