@@ -14,7 +14,7 @@ BYTECODE = $(PY) -m compileall -q -j 0 src tests examples > /dev/null
 
 GPU_CHECK_OUT ?= gpu-check-report
 
-.PHONY: demo test test-fast test-stress test-compile test-load test-hosts test-cluster test-gpu gpu-check bench-overhead docs docs-check install clean
+.PHONY: docs-shots demo test test-fast test-stress test-compile test-load test-hosts test-cluster test-gpu gpu-check bench-overhead docs docs-check install clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -116,6 +116,12 @@ gpu-check:
 docs: $(STAMP)
 	$(PY) scripts/api_reference.py
 
+# Pictures of the front page and the API reference as a reader sees them (docs-shots/, not committed): look at
+# them after changing either. Installs markdown, weasyprint and pypdfium2 into the venv (only this target uses them).
+docs-shots: $(STAMP)
+	$(PY) -m pip install --quiet markdown weasyprint pypdfium2
+	$(PY) scripts/page_shots.py docs-shots README.md docs/api.md
+
 docs-check: $(STAMP)
 	$(PY) scripts/api_reference.py --check
 	$(PY) -m pytest -q tests/test_docs.py tests/test_readme.py
@@ -124,4 +130,4 @@ bench-overhead: $(STAMP)
 	$(PY) benchmarks/overhead.py
 
 clean:
-	rm -rf $(VENV) runs bench-out .pytest_cache $(GPU_CHECK_OUT)
+	rm -rf $(VENV) runs bench-out .pytest_cache $(GPU_CHECK_OUT) docs-shots

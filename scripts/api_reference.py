@@ -33,11 +33,26 @@ class Entry:
     doc: str         # the docstring, cleaned by inspect.getdoc; "" when there is none
 
 
+class _Written(str):
+    """An annotation as its module wrote it (``from __future__ import annotations`` keeps it a string): shown
+    bare, ``strategy: str | Strategy``, not quoted, ``strategy: 'str | Strategy'``."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _bare(annotation):
+    return _Written(annotation) if isinstance(annotation, str) else annotation
+
+
 def _signature(obj) -> str:
     try:
-        text = str(inspect.signature(obj))
+        sig = inspect.signature(obj)
     except (TypeError, ValueError):
         return ""
+    sig = sig.replace(parameters=[p.replace(annotation=_bare(p.annotation)) for p in sig.parameters.values()],
+                      return_annotation=_bare(sig.return_annotation))
+    text = str(sig)
     return re.sub(r" at 0x[0-9a-f]+", "", text)  # an object's default repr: stable across runs
 
 
@@ -131,9 +146,29 @@ def render() -> str:
             head = f"`{e.name}{e.signature}`" if e.kind in ("class", "method", "function") else f"`{e.name}`"
             lines += ["", f"### {e.name}", "", f"{e.kind}: {head}" if len(head) < 120 else f"{e.kind}:", ""]
             if len(head) >= 120:
-                lines += ["```python", f"{e.name}{e.signature}", "```", ""]
+                lines += ["```python", _laid_out(e.name, e.signature), "```", ""]
             lines.append(_markdown(e.doc) if e.doc else "(no docstring)")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _laid_out(name: str, signature: str) -> str:
+    """A long signature one parameter a line (the commas between parameters, not those inside a default)."""
+    inner, tail = signature[1:signature.rindex(")")], signature[signature.rindex(")") + 1:]
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(inner):
+        if quote:
+            quote = "" if ch == quote and inner[i - 1] != "\\" else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(inner[start:i].strip())
+            start = i + 1
+    parts.append(inner[start:].strip())
+    return f"{name}(\n" + "".join(f"    {p},\n" for p in parts if p) + f"){tail}"
 
 
 def missing() -> list[str]:
