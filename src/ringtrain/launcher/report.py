@@ -421,7 +421,9 @@ def format_child_failure(error: Any, node_rank: int, board: Any = None, stops: A
     seen = whereabouts_lines(board)
     if seen and (failure.exitcode < 0 or any("different collectives" in line for line in seen)):
         lines += seen  # a rank killed by a signal (Gloo aborts on mismatched collectives) left no traceback
-        if any("different collectives" in line for line in seen):
+        if blame is None and any("different collectives" in line for line in seen):
+            # Not where a peer's end is the cause: a rank that returned early is "elsewhere" by definition, and the
+            # peer hint says what to fix (it lost to this one when the finished rank's last place was posted).
             hint = HINTS["mismatch"]
     others = sorted(r for r in error.failures if r != rank)
 
