@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[dev,bench,monai]"
+	$(PY) -m pip install --quiet -e ".[dev,bench,monai,docs]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -41,7 +41,7 @@ test: $(STAMP)
 
 # The edit loop (about a minute on 2 cores): the layer rules, every in-process unit test, and a few
 # multi-process ones (the Ring, checkpoint files, DDP's comm hooks). `make test` is what CI runs.
-FAST_TESTS = tests/test_layers.py tests/test_docs.py tests/test_readme.py tests/test_ring.py tests/doctor tests/parallel tests/loop/test_optim.py \
+FAST_TESTS = tests/test_layers.py tests/test_docs.py tests/test_site.py tests/test_readme.py tests/test_ring.py tests/doctor tests/parallel tests/loop/test_optim.py \
 	tests/loop/test_precision.py tests/loop/test_data.py tests/liveness/test_procs.py tests/liveness/test_activity.py \
 	tests/liveness/test_seal.py tests/liveness/test_failures.py tests/liveness/test_membership.py \
 	tests/checkpoint/test_untrusted.py tests/checkpoint/test_before_the_move.py tests/checkpoint/test_policy.py \
@@ -111,23 +111,26 @@ test-gpu: $(STAMP)
 gpu-check:
 	PYTHON="$(PYTHON)" scripts/gpu_check.sh "$(GPU_CHECK_OUT)"
 
-# The API reference, docs/api.md, is written from the public names' docstrings (scripts/api_reference.py, plain
-# inspect); tests/test_docs.py fails when it is not what they say, or when a relative link of the guide leads nowhere.
+# The guide as a website in site/ (not committed): docs/api.md written from the public names' docstrings
+# (scripts/api_reference.py, plain inspect), then MkDocs with Material builds README.md, README.zh-CN.md and docs/
+# with warnings as errors (mkdocs.yml; scripts/site_hooks.py: README.md is the front page, the menu is its guide
+# map, the files the guide links to get pages). tests/test_site.py builds it too and follows every link it made.
 docs: $(STAMP)
 	$(PY) scripts/api_reference.py
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
-# Pictures of the front page and the API reference as a reader sees them (docs-shots/, not committed): look at
-# them after changing either. Installs markdown, weasyprint and pypdfium2 into the venv (only this target uses them).
-docs-shots: $(STAMP)
-	$(PY) -m pip install --quiet markdown weasyprint pypdfium2
-	$(PY) scripts/page_shots.py docs-shots README.md docs/api.md
+# Pictures of the built site's front page, API page and Chinese front page in headless Chromium (docs-shots/, not
+# committed): look at them after changing a page's layout. Installs Debian's chromium (as root) where it is missing.
+docs-shots: docs
+	command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-wqy-microhei)
+	$(PY) scripts/page_shots.py site docs-shots "" api/ index.zh-CN/
 
 docs-check: $(STAMP)
 	$(PY) scripts/api_reference.py --check
-	$(PY) -m pytest -q tests/test_docs.py tests/test_readme.py
+	$(PY) -m pytest -q tests/test_docs.py tests/test_readme.py tests/test_site.py
 
 bench-overhead: $(STAMP)
 	$(PY) benchmarks/overhead.py
 
 clean:
-	rm -rf $(VENV) runs bench-out .pytest_cache $(GPU_CHECK_OUT) docs-shots
+	rm -rf $(VENV) runs bench-out .pytest_cache $(GPU_CHECK_OUT) docs-shots site

@@ -108,7 +108,7 @@ def sections() -> list[tuple[str, str, list[Entry]]]:
 
     top = [n for n in rt.__all__ if n not in ("Ring", "strategies", "__version__")]
     return [
-        ("`rt.Ring`", "The one object a training script holds (`import ringtrain as rt`).",
+        ("`rt.Ring` and its methods", "The one object a training script holds (`import ringtrain as rt`).",
          [_named("rt.", "Ring", rt.Ring), *_ring_members(rt.Ring)]),
         ("`rt.*`", "The other names of `ringtrain`: launching from Python, splitting a model, SyncBatchNorm, "
          "checkpoints, seeds.", [_named("rt.", n, getattr(rt, n)) for n in top]),
@@ -143,10 +143,10 @@ def render() -> str:
     for title, intro, entries in parts:
         lines += ["", f"## {title}", "", intro]
         for e in entries:
-            head = f"`{e.name}{e.signature}`" if e.kind in ("class", "method", "function") else f"`{e.name}`"
-            lines += ["", f"### {e.name}", "", f"{e.kind}: {head}" if len(head) < 120 else f"{e.kind}:", ""]
-            if len(head) >= 120:
-                lines += ["```python", _laid_out(e.name, e.signature), "```", ""]
+            lines += ["", f"### {e.name}", "", f"*{e.kind}*", ""]
+            if e.kind in ("class", "method", "function"):  # the call as a script writes it; a long one laid out
+                call = f"{e.name}{e.signature}"
+                lines += ["```python", call if len(call) < 110 else _laid_out(e.name, e.signature), "```", ""]
             lines.append(_markdown(e.doc) if e.doc else "(no docstring)")
     return "\n".join(lines).rstrip() + "\n"
 

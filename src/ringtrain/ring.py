@@ -40,27 +40,27 @@ from .tracking import timeline as timelines
 
 
 class Ring:
-    """Everything a training loop needs to run on one device or many, unchanged.
+    """Everything a training loop needs to run on one device or many, unchanged. Its keywords:
 
-    ``strategy``: ``"auto"`` (DDP when launched with several processes, else one device), a name (``"single"``,
-    ``"dp"``, ``"ddp"``, ``"fsdp"``, ``"hvd"``), or an object with its own options:
-    ``rt.strategies.DDP(find_unused_parameters=True)``, ``rt.strategies.FSDP(replicate=2)``... Where: ``device``,
-    ``backend``, ``init_method`` (+ ``world_size``, ``rank``: no launcher needed), ``timeout`` (seconds, forming the
-    group and every collective). How: ``accumulate``, ``precision`` (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``),
-    ``sync_batchnorm``, ``seed``, ``deterministic``, ``cudnn_benchmark``, ``activation_checkpointing`` (None,
-    ``"full"``, ``"selective"``) and ``compile`` (per block: strategies/compiling.py). Safety: ``checkpoint_dir`` +
-    ``save_every``
-    + ``keep_last`` + ``resume`` (periodic saves in a folder one job holds; a restarted job resumes in ``setup`` when
-    its configuration is the same: ``"auto"``, or ``"force"``, ``"never"``); with a folder, SIGTERM (and ``preempt_signal``)
-    saves the step the job is at and exits 75 (``preempt_grace``: seconds before SIGKILL; ``requeue``: Slurm's);
-    ``nonfinite`` (``"raise"``, ``"skip"``,
-    ``"ignore"``), ``debug_collectives`` (every collective checked across ranks first), ``stall_warning`` (seconds in
-    one collective before the job's stall report names who has not arrived and where: 60, or
-    ``RINGTRAIN_STALL_WARNING``; None: never); ``timeline`` (a folder, or ``RINGTRAIN_TIMELINE``: one Chrome trace of
-    every rank and a picture). A rank that fails, or finishes while others wait for it, ends the job in seconds, named
-    on every rank (liveness/membership.py). Log: ``log_dir`` (``ring.log``'s run folder) and ``log_with`` (``"wandb"``,
-    ``"mlflow"``; TensorBoard whenever installed); ``plan`` (or a plan.json in ``log_dir``): step 1's peak memory is
-    checked against it (docs/plan.md). docs/observing.md has the details.
+    - ``strategy``: ``"auto"`` (DDP when launched with several processes, else one device), a name (``"single"``,
+      ``"dp"``, ``"ddp"``, ``"fsdp"``, ``"hvd"``), or an object with its options: ``rt.strategies.FSDP(replicate=2)``.
+    - Where: ``device``, ``backend``, ``init_method`` (+ ``world_size``, ``rank``: no launcher needed), ``timeout``
+      (seconds, forming the group and every collective).
+    - How: ``accumulate`` or ``global_batch`` (samples per optimizer step, all ranks), ``precision`` (``"32"``,
+      ``"bf16-mixed"``, ``"16-mixed"``), ``sync_batchnorm``, ``seed``, ``deterministic``, ``cudnn_benchmark``,
+      ``activation_checkpointing`` (None, ``"full"``, ``"selective"``), ``compile`` (per block).
+    - Checkpoints: ``checkpoint_dir`` + ``save_every`` + ``keep_last`` + ``resume`` (``"auto"``: resumed in ``setup``
+      when the configuration is the same; ``"force"``, ``"never"``); ``resume_tolerance`` (``"auto"``: a resumed
+      run's first loss equal to the saved run's on the CPU, 1e-4 relative on a GPU; None: off).
+    - Preemption (with a folder): SIGTERM, or ``preempt_signal``, saves the step the job is at and exits 75
+      (``preempt_grace``: seconds before SIGKILL; ``requeue``: Slurm's).
+    - Checks: ``nonfinite`` (``"raise"``, ``"skip"``, ``"ignore"``), ``debug_collectives`` (each collective checked
+      across ranks first), ``stall_warning`` (seconds in one collective before the stall report names who has not
+      arrived and where: 60, or ``RINGTRAIN_STALL_WARNING``; None: never), ``plan`` (or a plan.json in ``log_dir``:
+      step 1's peak memory checked against it). Always: a rank that fails, or finishes while others wait for it,
+      ends the job in seconds, named on every rank.
+    - Logs: ``log_dir`` (``ring.log``'s run folder), ``log_with`` (``"wandb"``, ``"mlflow"``; TensorBoard whenever
+      installed), ``timeline`` (a folder, or ``RINGTRAIN_TIMELINE``: a Chrome trace of every rank and a picture).
     """
 
     @strategies.refusing_moved_keywords  # Ring(stages=...) of ringtrain 0.1: an error with the new spelling
