@@ -129,15 +129,16 @@ def on_config(config):
 
 
 def nav() -> list:
-    """Each language's guide map, from its README's table, then its other pages of docs/ under "Reference"."""
+    """Each language's guide map, from its README's table, then its other pages of docs/ under "Reference" (in
+    Chinese also the pages written in English only, as its README links them: architecture.md, benchmarks.md)."""
     sections = []
     for uri, (title, reference) in LANGUAGES.items():
         zh = uri != "index.md"
         readme = READMES[uri].read_text(encoding="utf-8")
         guide = [{name.replace("`", ""): page} for name, page in GUIDE_ROW.findall(readme)]
         named = {page for entry in guide for page in entry.values()}
-        rest = sorted(p.name for p in DOCS.glob("*.md")
-                      if p.name not in named and p.name.endswith(".zh-CN.md") == zh)
+        rest = sorted(p.name for p in DOCS.glob("*.md") if p.name not in named and (
+            p.name.endswith(".zh-CN.md") == zh or (zh and not p.with_suffix(".zh-CN.md").exists())))
         home = {"首页" if zh else "Home": uri}
         sections.append({title: [home, *guide, {reference: rest}]})
     return sections
