@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ringtrain.errors import RingtrainError
+from ringtrain.parallel import contract
 from ringtrain.launcher import discovery, horovod_flags, hosts, plan as plans, run
 
 HERE = {"localhost", "127.0.0.1"}
@@ -40,7 +41,11 @@ def test_variables_as_horovodrun_sets_them(tmp_path):
                    "HOROVOD_AUTOTUNE": "1", "HOROVOD_HIERARCHICAL_ALLREDUCE": "0",
                    "GLOO_SOCKET_IFNAME": "eth0,eth1", "NCCL_SOCKET_IFNAME": "eth0,eth1", "NCCL_IB_DISABLE": "1",
                    "RINGTRAIN_STALL_WARNING": "20"}
-    assert sorted(inert) == ["--autotune", "--no-hierarchical-allreduce"]  # ringtrain's Horovod reads the other two
+    # ringtrain's Horovod reads the fusion threshold only: --cycle-time-ms is said to change nothing (it claimed
+    # to be read, and nothing read it)
+    assert sorted(inert) == ["--autotune", "--cycle-time-ms", "--no-hierarchical-allreduce"]
+    settings = {v.name: v.field for v in contract.VARIABLES}
+    assert all(settings.get(name) for name in horovod_flags.USED_BY_RINGTRAIN), "a variable said to be read is not"
     assert horovod_flags.environment(_ns("--no-stall-check", "x.py"))[0] == {"RINGTRAIN_STALL_WARNING": "0"}
     assert plans.plan_from_args(_ns("--network-interfaces", "lo", _script(tmp_path))).environment == \
         {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}

@@ -10,8 +10,9 @@ sets, or refused with a HINT.
   ``--reset-limit`` (``--max-restarts``) and the elastic ones (``discovery.py``);
 * tuning and logging knobs of Horovod's C++ core (``--fusion-threshold-mb``, ``--autotune``, ...): the
   ``HOROVOD_*`` variable horovodrun would set (``config_parser.set_env_from_args``), for the script;
-  ringtrain.horovod reads ``HOROVOD_FUSION_THRESHOLD`` and ``HOROVOD_CYCLE_TIME``, the others change
-  nothing in ringtrain and ``ringtrain run`` says so once;
+  ringtrain.horovod reads ``HOROVOD_FUSION_THRESHOLD``; the others change nothing in ringtrain and
+  ``ringtrain run`` says so once (``HOROVOD_CYCLE_TIME`` among them: its gradients go out bucket by bucket as
+  backward makes them, the first bucket cut at 1 MiB, comm/grad_sync.py, not every few milliseconds);
 * refused (``REFUSED``): MPI and jsrun, their arguments, ``--output-filename``, ``--config-file``,
   ``--check-build``, ``--blacklist-cooldown-range``.
 
@@ -63,7 +64,7 @@ MAPPED = (
 
 # Knobs of Horovod's C++ core: set as horovodrun sets them. (flag, dest, variable, value -> text, kwargs)
 _TRUE = dict(_SWITCH)
-USED_BY_RINGTRAIN = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
+USED_BY_RINGTRAIN = ("HOROVOD_FUSION_THRESHOLD",)
 
 
 def _knob(strings, dest, variable, kwargs, convert=str):

@@ -291,7 +291,7 @@ VARIABLES: tuple[Variable, ...] = (
              "processes the script starts", "ringtrain run --horovod, python -m ringtrain.horovod", write=None),
     Variable("HOROVOD_CYCLE_TIME, HOROVOD_CACHE_CAPACITY, HOROVOD_HIERARCHICAL_ALLREDUCE", None, "Horovod's",
              "unset", "horovodrun's other tuning flags (these and the rest of its group in ringtrain run --help), "
-             "as the variables horovodrun sets",
+             "as the variables horovodrun sets, for the script: ringtrain reads none of them and says so",
              "ringtrain run --cycle-time-ms, --cache-capacity, ...", write=None),
     Variable("PET_*", None, "torchrun's", "unset", "torchrun's flags given as variables: read as the defaults of "
              "ringtrain run's own (as torchrun reads them); -H drops them before the agents start",
