@@ -20,8 +20,10 @@ accuracy), cifar-resnet18 (CIFAR-100-shaped synthetic images, or the real set wi
 segmenting synthetic volumes; Dice).
 
 Modes: single, dp (one process driving >= 2 GPUs), ddp, ddp+accumulate (accumulate=k,
-micro-batch = batch / k), fsdp (sharded: each rank holds 1/W of the weights, gradients
-and optimizer state; compare its peak memory with ddp's), hvd, hvd+fp16 (Horovod-style optimizer, fp16 gradient
+micro-batch = batch / k), ddp+ac (activation checkpointing of the repeated blocks: less
+memory, more compute), fsdp (sharded: each rank holds 1/W of the weights, gradients
+and optimizer state; compare its peak memory with ddp's), tp (tensor parallel over pairs of
+ranks, DDP(tp=2); even process counts), hvd, hvd+fp16 (Horovod-style optimizer, fp16 gradient
 compression), pipeline (2 stages x 4 micro-batches), raw-ddp (the hand-written tutorial
 DDP loop: the baseline for ringtrain's overhead); ddp+bf16, ddp+powersgd, ddp+auto (DDP's
 gradients all-reduced as bfloat16, as PowerSGD rank-8 factors, or as compression="auto" picks

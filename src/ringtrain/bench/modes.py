@@ -16,7 +16,10 @@ Every mode trains the same global batch B per optimizer step: B per step for sin
 B/devices per GPU for dp, B/W per rank for ddp/hvd/raw-ddp, B/(W k) per micro-batch with
 accumulate=k, B per pipeline replica divided among W/S replicas. fsdp trains as ddp does (B/W per
 rank) with each rank holding 1/W of the weights, gradients and optimizer state; its row's peak
-memory is the figure to compare with ddp's.
+memory is the figure to compare with ddp's. ddp+ac is ddp with every repeated block's activations
+recomputed in backward (Ring(activation_checkpointing="full")): less peak memory for more compute.
+tp cuts the model's Linear layers over pairs of ranks (rt.strategies.DDP(tp=2): both ranks of a pair
+take the same B/(W/2) samples, the pairs are DDP replicas of each other).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import ringtrain as rt
 
 from ..errors import RingtrainError
 from ..loop.precision import bf16_problem
-from .names import COMPRESSED, MODES  # noqa: F401 - MODES: the bench's names, read here by runner and tests
+from .names import COMPRESSED, MODES, TP_SIZE  # noqa: F401 - MODES: the bench's names, read here by runner and tests
 from .workloads import NO_PIPELINE, Workload
 
 PIPELINE_STAGES, PIPELINE_MICROBATCHES = 2, 4
@@ -101,6 +104,10 @@ class RingTrainer:
             strategy = rt.strategies.DDP(compression=COMPRESSED[mode])
         if mode == "fsdp":
             strategy = rt.strategies.FSDP()
+        if mode == "ddp+ac":
+            strategy, kwargs["activation_checkpointing"] = "ddp", "full"
+        if mode == "tp":
+            strategy = rt.strategies.DDP(tp=TP_SIZE)
         if mode == "pipeline":
             if wl.split_at is None:
                 raise Skip(f"{wl.name}: {NO_PIPELINE.get(wl.name, 'no split point')}")
@@ -118,7 +125,8 @@ class RingTrainer:
         self.pipeline = mode == "pipeline"
         self.wl = wl
         self.sync_bn = sync_bn
-        self.replicas = ring.world_size // PIPELINE_STAGES if self.pipeline else ring.world_size
+        share = PIPELINE_STAGES if self.pipeline else TP_SIZE if mode == "tp" else 1  # ranks fed the same batch
+        self.replicas = ring.world_size // share
         devices = self.replicas * ring.strategy.devices_per_process * ring.accumulate
         if wl.global_batch % devices:  # e.g. dp with a GPU count that does not divide the batch
             self.close()
@@ -128,8 +136,9 @@ class RingTrainer:
         optimizer = torch.optim.SGD(model.parameters(), lr=wl.lr, momentum=MOMENTUM)
         self.grad_bytes = _grad_bytes(model, fp16=mode == "hvd+fp16")
         setup_kwargs = {"split_at": wl.split_at} if self.pipeline else {}
-        try:
-            self.model, self.optimizer = ring.setup(model, optimizer, **setup_kwargs)
+        try:  # (stdout kept for the table: tp's setup prints the plan it applied)
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.model, self.optimizer = ring.setup(model, optimizer, **setup_kwargs)
         except RingtrainError as e:  # e.g. fsdp refuses 16-mixed: said in the table
             self.close()
             raise Skip(f"ring.setup under {shown}: {str(e).splitlines()[0]}") from e
@@ -137,12 +146,15 @@ class RingTrainer:
             self.loader = ring.loader(wl.train, batch_size=wl.global_batch // devices, shuffle=True,
                                       drop_last=self.pipeline)
         # Samples in one micro-batch on this rank count this many times toward the job's total:
-        # every stage of a pipeline replica is fed the same batch.
-        self.sample_share = 1.0 / PIPELINE_STAGES if self.pipeline else 1.0
+        # every stage of a pipeline replica, and both ranks of a tensor-parallel pair, are fed the same batch.
+        self.sample_share = 1.0 / share
         self.comm = CommCounter()
         self.sharded = mode == "fsdp"
+        self.gathered = mode in ("fsdp", "tp")  # evaluated on a whole model gathered from the ranks' pieces
         hooks = ring.strategy.hooks if isinstance(ring.strategy, rt.strategies.DDP) else None
-        if hooks:  # a compression hook counts what it sends (comm/traffic.py)
+        if mode == "tp":  # (its pairs' DDP all-reduce would be counted alone: half the story)
+            self.comm.method = "not counted: tensor parallelism's activation all-reduces"
+        elif hooks:  # a compression hook counts what it sends (comm/traffic.py)
             self.comm.method = "compression hook"
             self.comm.hooks = hooks
         elif isinstance(self.model, DistributedDataParallel):
@@ -211,8 +223,8 @@ class RingTrainer:
 
     def eval_model(self) -> nn.Module | None:
         """The whole trained model (same on every rank), or None when this rank holds only a pipeline stage.
-        FSDP's shards are gathered (collective) into a fresh model on rank 0."""
-        if self.sharded:
+        FSDP's shards and tensor parallelism's pieces are gathered (collective) into a fresh model on rank 0."""
+        if self.gathered:
             whole = self.ring.strategy.module_state(self.model)
             if whole is None:
                 return None
@@ -319,6 +331,12 @@ def static_skip(mode: str, world: int, workload: str, cuda_devices: int, accumul
         if batch % (world // PIPELINE_STAGES) or per_replica % PIPELINE_MICROBATCHES:
             return (f"global batch {batch} gives {per_replica} samples per replica, not a multiple of "
                     f"{PIPELINE_MICROBATCHES} micro-batches")
+        return None
+    if mode == "tp":
+        if world % TP_SIZE:
+            return f"tensor parallel over {TP_SIZE} ranks needs a multiple of {TP_SIZE} processes, got {world}"
+        if batch % (world // TP_SIZE):
+            return f"global batch {batch} does not split into {world // TP_SIZE} tensor-parallel pair(s)"
         return None
     k = accumulate if mode == "ddp+accumulate" else 1
     if mode != "single" and batch % (world * k):

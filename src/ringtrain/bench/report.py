@@ -82,6 +82,7 @@ def table(rows: list[dict], meta: dict) -> str:
 
 # Seed 004's names for the ways of training (its table: DP, DP+apex, DDP, DDP+apex).
 METHOD = {"single": "single process", "dp": "DP", "ddp": "DDP", "ddp+accumulate": "DDP+accumulate", "fsdp": "FSDP",
+          "ddp+ac": "DDP+activation checkpointing", "tp": "tensor parallel (x DDP)",
           "ddp+bf16": "DDP+bf16 allreduce", "ddp+powersgd": "DDP+PowerSGD", "ddp+auto": "DDP+auto compression",
           "hvd": "Horovod-style", "hvd+fp16": "Horovod-style+fp16 allreduce", "pipeline": "pipeline",
           "raw-ddp": "DDP (hand-written loop)"}
