@@ -17,6 +17,7 @@ repository; here they are put in the site's shape, with nothing copied or commit
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -125,6 +126,12 @@ def _sources(pages: list[Path]) -> list[Path]:
 
 def on_config(config):
     config["nav"] = nav()
+    try:  # the search's Chinese word cutter: its start-up lines ("Loading model cost 1.17 seconds.") are noise here
+        import jieba
+
+        jieba.setLogLevel(logging.WARNING)
+    except ImportError:
+        pass
     return config
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import html.parser
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -144,3 +145,13 @@ def test_a_file_the_guide_links_to_has_a_page_of_its_own(site):
     assert any("seed000_dataparallel.py" in link for link in seeds.links)
     front = _parse(site / "index.html").links
     assert "source/examples/digits.py/" in front, [link for link in front if "digits" in link]
+
+
+def test_a_chinese_word_is_found_by_the_site_search(site):
+    """Material's search splits text at its separator; Chinese has no spaces, so without jieba's cut (the docs extra)
+    a Chinese page is one token per sentence and a search for 恢复 (resume) finds nothing."""
+    index = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))
+    separator = re.compile(index["config"]["separator"])
+    tokens = {t for entry in index["docs"] if entry["location"].startswith("exact-resume.zh-CN/")
+              for t in separator.split(re.sub(r"<[^>]+>", " ", entry["text"])) if t}
+    assert {"恢复", "检查点"} <= tokens, sorted(tokens)[:40]
