@@ -10,6 +10,7 @@ threads question).
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import time
@@ -189,12 +190,12 @@ RETURNS_A_VIEW = """
     class Head(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.linear = torch.nn.Linear(4, 4)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
 
         def forward(self, x):
-            return self.linear(x)[:, :2]  # a view, as nanoGPT's logits[:, [-1], :]
+            return self.mlp(x)[:, :2]  # a view, as nanoGPT's logits[:, [-1], :]
 
-    ring = rt.Ring(strategy="fsdp", seed=0)
+    ring = rt.Ring(strategy=STRATEGY, seed=0)
     model = Head()
     model, optimizer = ring.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     ring.backward(model(torch.randn(2, 4)).sum())
@@ -202,11 +203,14 @@ RETURNS_A_VIEW = """
 """
 
 
-def test_fsdps_view_warning_is_said_once_per_job_not_once_per_rank(tmp_path):
-    proc = run_ringtrain("run", "--nproc-per-node", "2", str(write(tmp_path / "t.py", RETURNS_A_VIEW)), env=_env(),
-                         timeout=120)
+@pytest.mark.parametrize("strategy", ["'fsdp'", "rt.strategies.DDP(tp=2)"])  # fully_shard, and replicate under TP
+def test_fsdps_view_warning_is_said_once_per_job_not_once_per_rank(tmp_path, strategy):
+    script = write(tmp_path / "t.py", RETURNS_A_VIEW.replace("STRATEGY", strategy))
+    proc = run_ringtrain("run", "--nproc-per-node", "2", str(script), env=_env(), timeout=120)
     assert proc.returncode == 0, outputs(proc)
-    assert proc.stderr.count("returned a view tensor") == 1, outputs(proc)
+    said = re.findall(r"FSDP2-wrapped module \((\w+)\) returned a view tensor", proc.stderr)
+    # once per module that returned one (under TP its row-wise Linear's output is a view too), not once per rank
+    assert len(said) == len(set(said)) and {"ReplicateHead", "FSDPHead"} & set(said), outputs(proc)
 
 
 def test_a_preemption_says_got_sigterm_once_for_the_node_not_once_per_rank(tmp_path):

@@ -21,7 +21,7 @@ from ..parallel.stages import spans_devices
 from ..tracking import timeline
 from . import _units, tp as tensor_parallel
 from .base import BackwardSyncControl, Distributed, StageData
-from .fsdp import no_gradient_sync
+from .fsdp import no_gradient_sync, view_warning_once
 
 
 class DDP(Distributed, BackwardSyncControl, StageData):
@@ -110,6 +110,7 @@ class DDP(Distributed, BackwardSyncControl, StageData):
         for name in _units.choose(module, "auto"):
             replicate(module.get_submodule(name), mesh=self.mesh[DP_REPLICATE])
         replicate(module, mesh=self.mesh[DP_REPLICATE])
+        view_warning_once()
         self.tp.watch(module, self.mesh[TP], lambda: self.named_parameters(module))
         tensor_parallel.together(self, module)
         return module

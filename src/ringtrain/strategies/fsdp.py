@@ -236,10 +236,7 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
                         mp_policy=norm if name in full else inner, offload_policy=offload)
         # The model's own unit is needed again as soon as backward starts: keep it gathered (torch's default).
         fully_shard(module, mesh=mesh, reshard_after_forward=False, mp_policy=outer, offload_policy=offload)
-        if dist.is_initialized() and dist.get_rank() != 0:
-            # torch warns in every process that a wrapped module returned a view (nanoGPT's logits[:, [-1], :]):
-            # the job says it once, on rank 0 (the job's: a pipeline's stage strategy is not attached to the job).
-            warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+        view_warning_once()
         if meta:
             module.to_empty(device="cpu" if self.offload == "cpu" else device)
             if self.offload == "cpu" and device.type != "cpu":
@@ -260,6 +257,14 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
 
 
 @contextlib.contextmanager
+def view_warning_once() -> None:
+    """torch warns in every process that a module FSDP2 wrapped (fully_shard, or replicate under DDP(tp=N)) returned
+    a view (nanoGPT's logits[:, [-1], :]): the job says it once, on rank 0 (the job's rank: a pipeline's stage
+    strategy is not attached to the job)."""
+    if dist.is_initialized() and dist.get_rank() != 0:
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+
+
 def no_gradient_sync(module: nn.Module):
     from torch.distributed.fsdp import FSDPModule
 
