@@ -256,7 +256,6 @@ class FSDP(Distributed, BackwardSyncControl, StageData):
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
-@contextlib.contextmanager
 def view_warning_once() -> None:
     """torch warns in every process that a module FSDP2 wrapped (fully_shard, or replicate under DDP(tp=N)) returned
     a view (nanoGPT's logits[:, [-1], :]): the job says it once, on rank 0 (the job's rank: a pipeline's stage
@@ -265,6 +264,7 @@ def view_warning_once() -> None:
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 
+@contextlib.contextmanager
 def no_gradient_sync(module: nn.Module):
     from torch.distributed.fsdp import FSDPModule
 
