@@ -115,6 +115,37 @@ def test_single_process_equal_and_saves_less():
     assert peaks["full"] < peaks["selective"] < peaks[None]
 
 
+class NormBlock(nn.Module):  # a ResNet block's shape: conv, BatchNorm, and a residual
+    def __init__(self, momentum: float | None):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+        self.norm = nn.BatchNorm2d(3, momentum=momentum)
+
+    def forward(self, x):
+        return x + F.relu(self.norm(self.conv(x)))
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])  # None: BatchNorm's cumulative average, 1 / num_batches_tracked
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_batchnorm_counts_each_batch_once_under_checkpointing(mode, momentum):
+    """torch's checkpoint reruns a block's forward in the backward, BatchNorm's running-statistics update included:
+    every batch was counted twice (running stats and num_batches_tracked off after one step, evaluation drifted)."""
+    torch.manual_seed(0)
+    plain = nn.Sequential(NormBlock(momentum), NormBlock(momentum))
+    checkpointed = nn.Sequential(NormBlock(momentum), NormBlock(momentum))
+    checkpointed.load_state_dict(plain.state_dict())
+    assert apply_activation_checkpointing(checkpointed, mode) == ["0", "1"]
+    for model in (plain, checkpointed):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.manual_seed(1)
+        for _ in range(3):
+            model(torch.randn(4, 3, 5, 5)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert max_diff(checkpointed.state_dict(), plain.state_dict()) == 0.0  # weights, running stats, batches counted
+    assert int(checkpointed[0].norm.num_batches_tracked) == 3 and checkpointed[0].norm.momentum == momentum
+
+
 def _copy(model: nn.Module, mode: str | None = None) -> nn.Module:
     other = tp_jobs.Tiny()
     other.load_state_dict(model.state_dict())

@@ -22,6 +22,7 @@ on the meta device (a planner lays out "AC off / full / selective" with it).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -73,23 +74,83 @@ def selective_contexts() -> tuple[Any, Any]:
     return create_selective_checkpoint_contexts(policy)
 
 
+class _StatsFrozen:
+    """The recomputation's context: the block's BatchNorm layers run as in the forward (the same kernel, the same
+    saved tensors) with momentum 0, so the batch is not added to their running statistics a second time, and their
+    ``num_batches_tracked`` put back. torch's checkpoint reruns the block's forward in the backward, BatchNorm's side
+    effects included: each running mean and variance took every batch twice and ``num_batches_tracked`` counted 2 per
+    step (a ResNet's evaluation drifted; fairscale's ``patch_batchnorm`` fixes the same for the reentrant one)."""
+
+    def __init__(self, norms: list[nn.Module]):
+        self.norms, self.saved = norms, []
+
+    def __enter__(self) -> None:
+        self.saved = [(norm.momentum, norm.num_batches_tracked.clone()) for norm in self.norms]
+        for norm in self.norms:
+            norm.momentum = 0.0  # running = 1 * running + 0 * batch: unchanged
+
+    def __exit__(self, *_: Any) -> None:
+        for norm, (momentum, tracked) in zip(self.norms, self.saved):
+            norm.momentum = momentum
+            norm.num_batches_tracked.copy_(tracked)
+
+
+def _tracking_norms(block: nn.Module) -> list[nn.Module]:
+    return [m for m in block.modules() if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
+            and m.num_batches_tracked is not None]
+
+
+def _norms_once(norms: list[nn.Module], selective: bool) -> tuple[Any, Any]:
+    """torch's ``context_fn`` for a block with BatchNorm: its recomputation under ``_StatsFrozen`` (and, for
+    "selective", inside the selective policy's own contexts)."""
+    if not selective:
+        return contextlib.nullcontext(), _StatsFrozen(norms)
+    forward, recompute = selective_contexts()
+    return forward, _Both(_StatsFrozen(norms), recompute)  # its own ops outside the policy's dispatch mode
+
+
+class _Both:
+    """Two contexts entered as one, in order (torch's context_fn hands over one recomputation context)."""
+
+    def __init__(self, *contexts: Any):
+        self.contexts, self.stack = contexts, contextlib.ExitStack()
+
+    def __enter__(self) -> None:
+        for context in self.contexts:
+            self.stack.enter_context(context)
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.stack.__exit__(*exc)
+
+
+def _checkpoint(checkpoint: Any, block: nn.Module, forward: Any, selective: bool, *args: Any, **kwargs: Any) -> Any:
+    """torch's ``checkpoint`` of ``block``'s own ``forward``, with its BatchNorm layers counting each batch once."""
+    norms = [] if torch.compiler.is_compiling() else _tracking_norms(block)
+    if norms:  # eager only: a compiled region's recomputation is the compiler's, its buffers' updates applied once
+        context = functools.partial(_norms_once, norms, selective)
+    else:  # a function the compiler can see (see checkpointed_class)
+        context = selective_contexts if selective else None
+    if context is None:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    return checkpoint(forward, *args, use_reentrant=False, context_fn=context, **kwargs)
+
+
 def checkpointed_class(cls: type, mode: str) -> type:
     """``cls`` with its forward run under torch's non-reentrant checkpoint (``mode``: "full" or "selective")."""
     if getattr(cls, "_ringtrain_checkpointing", None) is not None:
         return cls
     key = (cls, mode)
     if key not in _CLASSES:
+        # Two functions, not one with the mode in a variable, and no closure as context_fn where the block is
+        # compiled: the compiler traces the checkpoint as one region only where context_fn is a function it can see
+        # (a closure's cell is refused: "checkpoint not implemented for LazyVariableTracker context_fn").
         from torch.utils.checkpoint import checkpoint
 
-        # Two functions, not one with the policy in a variable: the compiler traces the checkpoint as one region only
-        # where context_fn is a function it can see (a closure's cell is refused: "checkpoint not implemented for
-        # LazyVariableTracker context_fn").
         def full(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-            return checkpoint(super(made, self).forward, *args, use_reentrant=False, **kwargs)
+            return _checkpoint(checkpoint, self, super(made, self).forward, False, *args, **kwargs)
 
         def selective(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-            return checkpoint(super(made, self).forward, *args, use_reentrant=False, context_fn=selective_contexts,
-                              **kwargs)
+            return _checkpoint(checkpoint, self, super(made, self).forward, True, *args, **kwargs)
 
         forward = selective if mode == "selective" else full
         made = type(cls.__name__, (cls,), {"forward": forward, "_ringtrain_checkpointing": mode,
