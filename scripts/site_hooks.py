@@ -83,7 +83,6 @@ def _relative_link(target: str) -> bool:
 
 def rewrite(text: str, page: Path, uri: str) -> str:
     """A page's links, written for the site: each relative link to where its target is on the site."""
-
     out, at = [], 0
     for match in _links(text):
         file, hash_, fragment = match.group(2).partition("#")
@@ -111,16 +110,14 @@ def _shown(path: Path) -> bool:
 
 def _sources(pages: list[Path]) -> list[Path]:
     """Every file and folder outside docs/ that a page links to, and what a listed folder holds."""
-    todo = [t for page in pages for t in links_of(page)
-            if site_uri(t) and site_uri(t).startswith(f"{SOURCE}/")]
-    seen: list[Path] = []
+    todo = [t for page in pages for t in links_of(page) if (site_uri(t) or "").startswith(f"{SOURCE}/")]
+    seen: set[Path] = set()
     while todo:
         target = todo.pop()
-        if target in seen:
-            continue
-        seen.append(target)
-        if target.is_dir():
-            todo.extend(child for child in target.iterdir() if _shown(child))
+        if target not in seen:
+            seen.add(target)
+            if target.is_dir():
+                todo.extend(child for child in target.iterdir() if _shown(child))
     return sorted(seen)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import html
 import html.parser
-import importlib.util
 import json
 import os
 import re
@@ -17,6 +16,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from _scripts import script
 
 pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip install -e '.[docs]' (make install does)")
 pytest.importorskip("material", reason="the docs extra is not installed: pip install -e '.[docs]' (make install does)")
@@ -123,10 +123,7 @@ def test_the_front_pages_are_the_readmes_and_the_menu_is_the_guide_map(site):
 
 
 def test_every_public_name_has_its_entry_on_the_api_page(site):
-    spec = importlib.util.spec_from_file_location("api_reference_for_site", ROOT / "scripts" / "api_reference.py")
-    generator = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = generator
-    spec.loader.exec_module(generator)
+    generator = script("api_reference")
     api = _parse(site / "api" / "index.html")
     headings = re.findall(r'<h3 id="([^"]+)">(.*?)<a', (site / "api" / "index.html").read_text(encoding="utf-8"))
     shown = {re.sub(r"<[^>]+>", "", text).strip() for _, text in headings}

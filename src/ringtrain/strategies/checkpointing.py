@@ -81,15 +81,19 @@ class _StatsFrozen:
     effects included: each running mean and variance took every batch twice and ``num_batches_tracked`` counted 2 per
     step (a ResNet's evaluation drifted; fairscale's ``patch_batchnorm`` fixes the same for the reentrant one)."""
 
-    def __init__(self, norms: list[nn.Module]):
-        self.norms, self.saved = norms, []
+    def __init__(self, norms: list[nn.Module], inside: Any = None):
+        self.norms, self.inside, self.saved = norms, inside, []  # inside: entered after, so its ops do not see ours
 
     def __enter__(self) -> None:
         self.saved = [(norm.momentum, norm.num_batches_tracked.clone()) for norm in self.norms]
         for norm in self.norms:
             norm.momentum = 0.0  # running = 1 * running + 0 * batch: unchanged
+        if self.inside is not None:
+            self.inside.__enter__()
 
-    def __exit__(self, *_: Any) -> None:
+    def __exit__(self, *exc: Any) -> None:
+        if self.inside is not None:
+            self.inside.__exit__(*exc)
         for norm, (momentum, tracked) in zip(self.norms, self.saved):
             norm.momentum = momentum
             norm.num_batches_tracked.copy_(tracked)
@@ -106,33 +110,17 @@ def _norms_once(norms: list[nn.Module], selective: bool) -> tuple[Any, Any]:
     if not selective:
         return contextlib.nullcontext(), _StatsFrozen(norms)
     forward, recompute = selective_contexts()
-    return forward, _Both(_StatsFrozen(norms), recompute)  # its own ops outside the policy's dispatch mode
-
-
-class _Both:
-    """Two contexts entered as one, in order (torch's context_fn hands over one recomputation context)."""
-
-    def __init__(self, *contexts: Any):
-        self.contexts, self.stack = contexts, contextlib.ExitStack()
-
-    def __enter__(self) -> None:
-        for context in self.contexts:
-            self.stack.enter_context(context)
-
-    def __exit__(self, *exc: Any) -> Any:
-        return self.stack.__exit__(*exc)
+    return forward, _StatsFrozen(norms, inside=recompute)  # the policy's dispatch mode inside: ours outside it
 
 
 def _checkpoint(checkpoint: Any, block: nn.Module, forward: Any, selective: bool, *args: Any, **kwargs: Any) -> Any:
     """torch's ``checkpoint`` of ``block``'s own ``forward``, with its BatchNorm layers counting each batch once."""
     norms = [] if torch.compiler.is_compiling() else _tracking_norms(block)
     if norms:  # eager only: a compiled region's recomputation is the compiler's, its buffers' updates applied once
-        context = functools.partial(_norms_once, norms, selective)
-    else:  # a function the compiler can see (see checkpointed_class)
-        context = selective_contexts if selective else None
-    if context is None:
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-    return checkpoint(forward, *args, use_reentrant=False, context_fn=context, **kwargs)
+        kwargs["context_fn"] = functools.partial(_norms_once, norms, selective)
+    elif selective:  # a function the compiler can see (see checkpointed_class)
+        kwargs["context_fn"] = selective_contexts
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def checkpointed_class(cls: type, mode: str) -> type:
